@@ -1,0 +1,8 @@
+"""Callbacks: the Callback base and the built-ins."""
+
+from ktrainer.callbacks.callback import Callback
+from ktrainer.callbacks.early_stopping import EarlyStopping
+from ktrainer.callbacks.lr_monitor import LearningRateMonitor
+from ktrainer.callbacks.progress_bar import ProgressBar
+
+__all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ProgressBar"]

@@ -1,0 +1,93 @@
+"""The Callback base class: every hook, listed once, in the order the Trainer calls them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Callback"]
+
+
+class Callback:
+    """Base class of callbacks. Every hook is a documented no-op; override the ones you need.
+
+    Order within `Trainer.fit`:
+        setup -> on_fit_start -> (on_train_epoch_start -> (on_train_batch_start ->
+        on_train_batch_end)* -> [on_validation_start -> on_validation_end] ->
+        on_train_epoch_end)* -> on_fit_end -> teardown.
+    On an error anywhere in between: on_exception, then teardown; the error then reaches the
+    caller unchanged. `validate`/`test` call on_validation_*/on_test_*, `predict` calls
+    on_predict_*, each between setup and teardown.
+
+    Batch hooks run once per compiled execution: every step when `steps_per_execution=1`,
+    every N steps otherwise (as in Keras), with `trainer.global_step` already advanced.
+    """
+
+    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+        """Called when fit/validate/test/predict begins, before the model is built.
+
+        Args:
+            trainer: The Trainer.
+            module: The Module.
+            stage: "fit", "validate", "test" or "predict".
+        """
+
+    def on_fit_start(self, trainer: Any, module: Any) -> None:
+        """Called once the model and optimizer exist, before the first epoch."""
+
+    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+        """Called at the start of each training epoch."""
+
+    def on_train_batch_start(self, trainer: Any, module: Any, batch_idx: int) -> None:
+        """Called before each compiled execution; `batch_idx` is the first batch it runs."""
+
+    def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
+        """Called after each compiled execution.
+
+        Args:
+            trainer: The Trainer.
+            module: The Module.
+            metrics: The step metrics of the last batch run (e.g. "train/loss_step").
+            batch_idx: Index, within the epoch, of the last batch run.
+        """
+
+    def on_validation_start(self, trainer: Any, module: Any) -> None:
+        """Called before a validation loop (within fit, or by `validate`)."""
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        """Called after a validation loop; `trainer.callback_metrics` holds its results."""
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        """Called at the end of each training epoch, after its validation."""
+
+    def on_fit_end(self, trainer: Any, module: Any) -> None:
+        """Called when fit ends normally."""
+
+    def on_test_start(self, trainer: Any, module: Any) -> None:
+        """Called before the test loop."""
+
+    def on_test_end(self, trainer: Any, module: Any) -> None:
+        """Called after the test loop."""
+
+    def on_predict_start(self, trainer: Any, module: Any) -> None:
+        """Called before the predict loop."""
+
+    def on_predict_end(self, trainer: Any, module: Any) -> None:
+        """Called after the predict loop."""
+
+    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+        """Called when an error interrupts fit/validate/test/predict, before teardown."""
+
+    def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+        """Called last, also after an error."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The callback's state, saved in checkpoints (JSON-serializable values)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the state returned by `state_dict`."""
+
+    @property
+    def state_key(self) -> str:
+        """The key of this callback's state in a checkpoint."""
+        return type(self).__qualname__

@@ -1,0 +1,87 @@
+"""Stop training when a monitored metric stops improving."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from ktrainer.callbacks.callback import Callback
+from ktrainer.errors import check_choice, check_int
+
+__all__ = ["EarlyStopping"]
+
+log = logging.getLogger(__name__)
+
+
+class EarlyStopping(Callback):
+    """Stops `fit` when `monitor` has not improved by `min_delta` for `patience` validations.
+
+    It checks after each validation that happens at an epoch end (and, when the run has no
+    validation, at each training epoch end, on the epoch metrics).
+
+    Args:
+        monitor: The metric to watch, e.g. "val/loss".
+        mode: "min" (lower is better) or "max".
+        patience: Checks without improvement before stopping.
+        min_delta: The least change that counts as an improvement.
+        strict: Raise if `monitor` is not among the metrics when a check happens.
+
+    Raises:
+        ValueError: For a bad `mode`, `patience` or `min_delta`.
+    """
+
+    def __init__(self, monitor: str = "val/loss", mode: str = "min", patience: int = 3,
+                 min_delta: float = 0.0, strict: bool = True) -> None:
+        self.monitor = monitor
+        self.mode = check_choice("mode", mode, ("min", "max"))
+        self.patience = check_int("patience", patience, minimum=0)
+        if min_delta < 0:
+            raise ValueError(f"min_delta must be >= 0, got {min_delta}.")
+        self.min_delta = float(min_delta)
+        self.strict = strict
+        self.best = math.inf if mode == "min" else -math.inf
+        self.wait = 0
+        self.stopped_epoch: int | None = None
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        """Check the monitored metric after a validation at an epoch end."""
+        if trainer.state.stage == "fit" and trainer.state.at_epoch_end:
+            self._check(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        """Check at epoch end when the epoch had no validation."""
+        if not trainer.state.validated_this_epoch:
+            self._check(trainer)
+
+    def _check(self, trainer: Any) -> None:
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            if self.strict:
+                known = ", ".join(sorted(trainer.callback_metrics)) or "none yet"
+                raise RuntimeError(
+                    f"EarlyStopping(monitor={self.monitor!r}) found no such metric. Logged metrics: "
+                    f"{known}. Log it with self.log({self.monitor!r}, ...) or pass strict=False."
+                )
+            return
+        improved = (value < self.best - self.min_delta) if self.mode == "min" else (
+            value > self.best + self.min_delta)
+        if improved:
+            self.best, self.wait = float(value), 0
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            self.stopped_epoch = trainer.current_epoch
+            trainer.should_stop = True
+            log.info("EarlyStopping: %s did not improve for %d checks (best %.6g); stopping.",
+                     self.monitor, self.wait, self.best)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Best value, checks waited and the epoch it stopped at."""
+        return {"best": self.best, "wait": self.wait, "stopped_epoch": self.stopped_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `best`, `wait` and `stopped_epoch`."""
+        self.best = float(state["best"])
+        self.wait = int(state["wait"])
+        self.stopped_epoch = state.get("stopped_epoch")

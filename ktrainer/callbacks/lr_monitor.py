@@ -1,0 +1,53 @@
+"""Log the optimizer's learning rate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from ktrainer.callbacks.callback import Callback
+from ktrainer.errors import check_choice
+
+__all__ = ["LearningRateMonitor", "current_learning_rate"]
+
+
+def current_learning_rate(optimizer: Any) -> float:
+    """The learning rate the optimizer applies at its current iteration (schedules evaluated)."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    rate = inner._learning_rate
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        rate = rate(inner.iterations)
+    return float(keras.ops.convert_to_numpy(rate))
+
+
+class LearningRateMonitor(Callback):
+    """Logs the learning rate as `lr-{OptimizerClass}` to every logger.
+
+    The Trainer adds one (logging at each log step) when it has a logger and none was given.
+
+    Args:
+        logging_interval: "step" (at the Trainer's log steps) or "epoch" (at epoch ends).
+
+    Raises:
+        ValueError: For another `logging_interval`.
+    """
+
+    def __init__(self, logging_interval: str = "step") -> None:
+        self.logging_interval = check_choice("logging_interval", logging_interval, ("step", "epoch"))
+        self._last_logged_step = -1
+
+    def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
+        """Log at the log steps that this execution passed."""
+        if self.logging_interval == "step" and trainer.state.logged_step_in_last_execution:
+            self._log(trainer)
+
+    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+        """Log at each epoch start, with interval "epoch"."""
+        if self.logging_interval == "epoch":
+            self._log(trainer)
+
+    def _log(self, trainer: Any) -> None:
+        optimizer = trainer.optimizer
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        trainer.log_metrics({f"lr-{type(inner).__name__}": current_learning_rate(optimizer)})

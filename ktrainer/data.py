@@ -1,0 +1,179 @@
+"""User data (tf.data, numpy arrays, PyDataset) -> a tf.data.Dataset of global batches, one epoch at a time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["BatchSource", "first_dim"]
+
+
+class BatchSource:
+    """One piece of user data, re-batched to the global batch size, epoch by epoch.
+
+    - numpy arrays (an array, or a tuple/list/dict of arrays of equal length) are batched by
+      the Trainer and, when `shuffle` is on, shuffled each epoch by a permutation drawn from
+      `(seed, epoch)`: the same seed gives the same order, and a resumed epoch can skip exactly
+      the batches it had consumed.
+    - a `tf.data.Dataset` yields batches (as in Keras); it is re-batched to the global batch
+      (`unbatch().batch(global_batch_size)`), keeping its order. It is never shuffled.
+    - a `keras.utils.PyDataset` is read in index order and re-batched the same way.
+
+    Args:
+        data: The user's data.
+        global_batch_size: Examples per global batch (per-device batch size x replicas).
+        shuffle: Shuffle numpy data each epoch.
+        seed: Base seed of the per-epoch permutation.
+        drop_remainder: Drop a last incomplete batch.
+        what: The data's name for error messages, e.g. "train_data".
+
+    Raises:
+        TypeError: For a type that is not supported.
+        ValueError: For empty data or arrays of unequal length.
+    """
+
+    def __init__(
+        self,
+        data: Any,
+        global_batch_size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_remainder: bool = False,
+        what: str = "data",
+    ) -> None:
+        self.global_batch_size = global_batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_remainder = drop_remainder
+        self.what = what
+        self._arrays = None
+        self._dataset = None
+        self._pydataset = None
+        if isinstance(data, tf.data.Dataset):
+            self._dataset = data
+            self._check_dataset(data)
+        elif isinstance(data, keras.utils.PyDataset):
+            if len(data) == 0:
+                raise ValueError(f"{what} is an empty PyDataset (len 0). Give it at least one batch.")
+            self._pydataset = data
+        else:
+            self._arrays = _as_arrays(data, what)
+
+    @property
+    def num_examples(self) -> int | None:
+        """Number of examples per epoch, when known without reading the data."""
+        if self._arrays is not None:
+            return first_dim(self._arrays)
+        return None
+
+    @property
+    def num_batches(self) -> int | None:
+        """Number of global batches per epoch, or None when it cannot be known in advance."""
+        n = self.num_examples
+        if n is None:
+            return None
+        full, rest = divmod(n, self.global_batch_size)
+        return full + (1 if rest and not self.drop_remainder else 0)
+
+    @property
+    def is_infinite(self) -> bool:
+        """True for a tf.data.Dataset that repeats forever."""
+        return self._dataset is not None and (
+            self._dataset.cardinality().numpy() == tf.data.INFINITE_CARDINALITY
+        )
+
+    def epoch(self, epoch: int = 0, skip_batches: int = 0) -> tf.data.Dataset:
+        """The dataset of one epoch, without its first `skip_batches` global batches.
+
+        Args:
+            epoch: The epoch index; it selects the shuffle permutation of numpy data.
+            skip_batches: Global batches already consumed in this epoch (resume).
+
+        Returns:
+            A `tf.data.Dataset` of global batches.
+        """
+        if self._arrays is not None:
+            return self._array_epoch(epoch, skip_batches)
+        source = self._dataset if self._dataset is not None else self._pydataset_as_dataset()
+        batched = source.unbatch().batch(self.global_batch_size, drop_remainder=self.drop_remainder)
+        return batched.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
+
+    def end_epoch(self) -> None:
+        """Tell a PyDataset that the epoch ended (it may reshuffle itself)."""
+        if self._pydataset is not None:
+            self._pydataset.on_epoch_end()
+
+    def _array_epoch(self, epoch: int, skip_batches: int) -> tf.data.Dataset:
+        n = first_dim(self._arrays)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, epoch]).permutation(n)
+        else:
+            order = np.arange(n)
+        order = order[skip_batches * self.global_batch_size :]
+        arrays = tf.nest.map_structure(tf.constant, self._arrays)
+        indices = tf.data.Dataset.from_tensor_slices(order.astype(np.int64))
+        batches = indices.batch(self.global_batch_size, drop_remainder=self.drop_remainder)
+        gather = lambda idx: tf.nest.map_structure(lambda a: tf.gather(a, idx), arrays)  # noqa: E731
+        return batches.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+    def _pydataset_as_dataset(self) -> tf.data.Dataset:
+        data = self._pydataset
+        sample = _tupled(data[0])
+        signature = tf.nest.map_structure(
+            lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample
+        )
+
+        def generate():
+            for index in range(len(data)):
+                yield _tupled(data[index])
+
+        return tf.data.Dataset.from_generator(generate, output_signature=signature)
+
+    def _check_dataset(self, dataset: tf.data.Dataset) -> None:
+        if dataset.cardinality().numpy() == 0:
+            raise ValueError(f"{self.what} is an empty tf.data.Dataset. Give it at least one batch.")
+        for spec in tf.nest.flatten(dataset.element_spec):
+            if len(spec.shape) == 0:
+                raise ValueError(
+                    f"{self.what} yields unbatched elements (a scalar of spec {spec}), but a "
+                    "tf.data.Dataset must yield batches, as in Keras. Add .batch(batch_size) to it; "
+                    "the Trainer re-batches it to the global batch."
+                )
+
+
+def first_dim(structure: Any) -> int:
+    """The leading dimension shared by every array in a structure."""
+    return int(np.shape(tf.nest.flatten(structure)[0])[0])
+
+
+def _tupled(element: Any) -> Any:
+    return tuple(element) if isinstance(element, list) else element
+
+
+def _as_arrays(data: Any, what: str) -> Any:
+    if isinstance(data, list):
+        data = tuple(data)
+    leaves = tf.nest.flatten(data) if isinstance(data, tuple | dict) else [data]
+    if not leaves or not all(isinstance(leaf, np.ndarray | np.generic) or hasattr(leaf, "__array__")
+                             for leaf in leaves):
+        raise TypeError(
+            f"{what} must be a tf.data.Dataset, a keras.utils.PyDataset, or numpy arrays "
+            f"(an array, or a tuple/dict of arrays); got {type(data).__name__}."
+        )
+    data = tf.nest.map_structure(np.asarray, data)
+    lengths = {name: np.shape(leaf)[0] if np.ndim(leaf) else None
+               for name, leaf in enumerate(tf.nest.flatten(data))}
+    if any(n is None for n in lengths.values()):
+        raise ValueError(f"{what} holds a scalar; every array needs a leading example dimension.")
+    if len(set(lengths.values())) > 1:
+        raise ValueError(
+            f"{what} holds arrays of different lengths {sorted(set(lengths.values()))}; every array "
+            "needs the same number of examples along its first dimension."
+        )
+    if next(iter(lengths.values())) == 0:
+        raise ValueError(f"{what} is empty (0 examples). Give it at least one example.")
+    return data

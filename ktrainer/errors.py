@@ -1,0 +1,75 @@
+"""Argument checks shared by the Trainer, callbacks and loggers: each error says what, expected, how to fix."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["check_choice", "check_int", "check_count_or_fraction", "check_module_hooks"]
+
+
+def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:
+    """Return `value` if it is one of `allowed`.
+
+    Raises:
+        ValueError: Naming the argument, the bad value and every allowed one.
+    """
+    allowed = list(allowed)
+    if value not in allowed:
+        listed = ", ".join(repr(a) for a in allowed)
+        raise ValueError(f"{name}={value!r} is not supported. Use one of: {listed}.")
+    return value
+
+
+def check_int(name: str, value: Any, *, minimum: int, allow_none: bool = False) -> int | None:
+    """Return `value` if it is an int >= `minimum` (or None when allowed).
+
+    Raises:
+        ValueError: If it is not an int or is below `minimum`.
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        extra = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be an int >= {minimum}{extra}, got {value!r}.")
+    return value
+
+
+def check_count_or_fraction(name: str, value: Any, *, allow_zero: bool = False) -> int | float:
+    """Return `value` if it is a batch count (int) or a fraction of an epoch (float in (0, 1]).
+
+    Raises:
+        ValueError: If it is neither.
+    """
+    minimum = 0 if allow_zero else 1
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, int) and value >= minimum:
+        return value
+    elif isinstance(value, float) and (0.0 < value <= 1.0 or (allow_zero and value == 0.0)):
+        return value
+    raise ValueError(
+        f"{name} must be an int >= {minimum} (a number of batches) or a float in "
+        f"{'[0' if allow_zero else '(0'}, 1] (a fraction of the epoch), got {value!r}."
+    )
+
+
+def check_module_hooks(module: Any, base: type, hooks: Iterable[str]) -> None:
+    """Check that a Module subclass overrides `hooks` and called `super().__init__()`.
+
+    Raises:
+        TypeError: Naming the missing hook or the missing `super().__init__()` call.
+    """
+    cls = type(module)
+    if not isinstance(module, base):
+        raise TypeError(f"Trainer needs a ktrainer.Module, got {cls.__name__}. Subclass kt.Module.")
+    if not hasattr(module, "_log_buffer"):
+        raise TypeError(
+            f"{cls.__name__}.__init__ did not call super().__init__(). Add it as the first line."
+        )
+    for hook in hooks:
+        if getattr(cls, hook) is getattr(base, hook):
+            raise TypeError(
+                f"{cls.__name__} does not define {hook}(), which the Trainer needs. "
+                f"Override {hook} in your Module."
+            )

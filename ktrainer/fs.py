@@ -1,0 +1,83 @@
+"""fsspec access shared by loggers and checkpoints: a URL or path -> a filesystem and a path on it."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+__all__ = ["Location", "next_version"]
+
+
+@dataclass(frozen=True)
+class Location:
+    """A directory on any fsspec filesystem: a local path, file://, memory://, s3://, gs://, ...
+
+    Args:
+        url: The path or URL.
+        storage_options: Passed to the filesystem (credentials, endpoint, ...).
+    """
+
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The fsspec filesystem of this location."""
+        return fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
+
+    @property
+    def path(self) -> str:
+        """The path of this location on its filesystem (no protocol)."""
+        return fsspec.core.url_to_fs(self.url, **self.storage_options)[1]
+
+    @property
+    def is_local(self) -> bool:
+        """True when the location is on the local disk."""
+        return isinstance(self.fs, LocalFileSystem)
+
+    def join(self, *parts: str) -> Location:
+        """The location of a child path."""
+        return Location("/".join([self.url.rstrip("/"), *parts]), self.storage_options)
+
+    def exists(self) -> bool:
+        """True if something exists at this location."""
+        return self.fs.exists(self.path)
+
+    def makedirs(self) -> None:
+        """Create the directory (a no-op on object stores, where directories are implicit)."""
+        self.fs.makedirs(self.path, exist_ok=True)
+
+    def children(self) -> list[str]:
+        """Base names of the entries directly under this location (empty if it does not exist)."""
+        fs = self.fs
+        if not fs.exists(self.path):
+            return []
+        return sorted(os.path.basename(p.rstrip("/")) for p in fs.ls(self.path, detail=False))
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Write a whole file under this location."""
+        with self.fs.open(f"{self.path.rstrip('/')}/{name}", "wb") as handle:
+            handle.write(data)
+
+    def read_bytes(self, name: str) -> bytes:
+        """Read a whole file under this location."""
+        with self.fs.open(f"{self.path.rstrip('/')}/{name}", "rb") as handle:
+            return handle.read()
+
+    def upload(self, local_file: str, name: str) -> None:
+        """Copy a local file to `name` under this location."""
+        self.fs.put_file(local_file, f"{self.path.rstrip('/')}/{name}")
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def next_version(parent: Location) -> int:
+    """The next free `version_N` number under `parent` (0 when there is none)."""
+    numbers = [int(m.group(1)) for name in parent.children() if (m := re.fullmatch(r"version_(\d+)", name))]
+    return max(numbers) + 1 if numbers else 0

@@ -1,0 +1,216 @@
+"""The Module: what the user writes. The Trainer owns everything else."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+
+__all__ = ["Module", "LogOptions"]
+
+
+@dataclass(frozen=True)
+class LogOptions:
+    """How one logged value is aggregated and shown.
+
+    Attributes:
+        on_step: Log the value of each step (at the Trainer's `log_every_n_steps`).
+        on_epoch: Log the mean over the epoch (weighted by batch size), at epoch end.
+        prog_bar: Show the value in the progress bar.
+    """
+
+    on_step: bool
+    on_epoch: bool
+    prog_bar: bool
+
+
+class Module:
+    """Base class of a ktrainer module: build a model, configure an optimizer, compute a loss.
+
+    Subclass it and override `build`, `configure_optimizers` and `training_step`; everything
+    else is optional. The Trainer calls `build()` inside the right precision policy and
+    distribution scope and stores the result as `self.model`.
+
+    Hooks are called in this order by `Trainer.fit`:
+    `setup` -> `build` -> `configure_optimizers` -> `train_data` / `val_data` ->
+    (`on_train_epoch_start` -> `training_step`... -> `validation_step`... -> `on_train_epoch_end`)
+    per epoch -> `teardown`.
+    """
+
+    def __init__(self) -> None:
+        self.model: keras.Model | None = None
+        self.trainer = None
+        self.hparams: dict[str, Any] = {}
+        self._log_buffer: dict[str, Any] = {}
+        self._log_options: dict[str, LogOptions] = {}
+        self._stage = "train"
+
+    # ----- hooks the user overrides -----------------------------------------------------
+
+    def build(self) -> keras.Model:
+        """Build and return the keras model. Called by the Trainer; the result becomes `self.model`.
+
+        Returns:
+            A `keras.Model`.
+        """
+        raise NotImplementedError
+
+    def configure_optimizers(self) -> keras.optimizers.Optimizer:
+        """Return the keras optimizer (a `LearningRateSchedule` inside it is fine)."""
+        raise NotImplementedError
+
+    def training_step(self, batch: Any) -> Any:
+        """Compute and return the scalar float loss of one batch.
+
+        Runs inside a compiled TensorFlow function: use `keras.ops`, not numpy.
+
+        Args:
+            batch: One batch, as the data yields it (e.g. an `(x, y)` tuple).
+
+        Returns:
+            A scalar float tensor.
+        """
+        raise NotImplementedError
+
+    def validation_step(self, batch: Any) -> Any:
+        """Evaluate one validation batch. A returned scalar is logged as `val/loss`.
+
+        Args:
+            batch: One batch of validation data.
+
+        Returns:
+            None, or a scalar tensor logged as `val/loss`.
+        """
+        return None
+
+    def test_step(self, batch: Any) -> Any:
+        """Evaluate one test batch. A returned scalar is logged as `test/loss`.
+
+        Args:
+            batch: One batch of test data.
+
+        Returns:
+            None, or a scalar tensor logged as `test/loss`.
+        """
+        return None
+
+    def predict_step(self, batch: Any) -> Any:
+        """Return the predictions of one batch. The default calls the model on the inputs.
+
+        Args:
+            batch: One batch; a tuple is taken as `(x, ...)` and only `x` is fed to the model.
+
+        Returns:
+            A tensor or a structure of tensors with a leading batch dimension.
+        """
+        x = batch[0] if isinstance(batch, tuple | list) else batch
+        return self.model(x, training=False)
+
+    def train_data(self) -> Any:
+        """Return the training data (tf.data.Dataset, tuple of numpy arrays or PyDataset), or None."""
+        return None
+
+    def val_data(self) -> Any:
+        """Return the validation data, or None."""
+        return None
+
+    def test_data(self) -> Any:
+        """Return the test data, or None."""
+        return None
+
+    def predict_data(self) -> Any:
+        """Return the data to predict on, or None."""
+        return None
+
+    def setup(self, stage: str) -> None:
+        """Called before `build`, once per fit/validate/test/predict call.
+
+        Args:
+            stage: One of "fit", "validate", "test", "predict".
+        """
+
+    def teardown(self, stage: str) -> None:
+        """Called at the end of fit/validate/test/predict, also after an error.
+
+        Args:
+            stage: One of "fit", "validate", "test", "predict".
+        """
+
+    def on_train_epoch_start(self) -> None:
+        """Called at the start of each training epoch (Python, outside the compiled step)."""
+
+    def on_train_epoch_end(self) -> None:
+        """Called at the end of each training epoch, after its validation."""
+
+    # ----- services the module gets from ktrainer -----------------------------------------
+
+    def log(
+        self,
+        name: str,
+        value: Any,
+        *,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        prog_bar: bool = False,
+    ) -> None:
+        """Log a scalar to every logger and, with `prog_bar=True`, to the progress bar.
+
+        Works inside the step hooks, where `value` is a tensor of the compiled function,
+        and in the Python hooks (e.g. `on_train_epoch_end`), where it may be a float.
+
+        Args:
+            name: The metric name, e.g. "train/acc". Logged as `name` when only one of
+                `on_step`/`on_epoch` is on, as `name_step` and `name_epoch` when both are.
+            value: A scalar (tensor or number).
+            on_step: Log each step's value. Default: True in `training_step`, else False.
+            on_epoch: Log the epoch mean. Default: False in `training_step`, else True.
+            prog_bar: Show it in the progress bar.
+
+        Raises:
+            ValueError: If `name` is empty or neither `on_step` nor `on_epoch` is on.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"self.log needs a non-empty string name, got {name!r}.")
+        training = self._stage == "train"
+        options = LogOptions(
+            on_step=training if on_step is None else bool(on_step),
+            on_epoch=(not training) if on_epoch is None else bool(on_epoch),
+            prog_bar=bool(prog_bar),
+        )
+        if not (options.on_step or options.on_epoch):
+            raise ValueError(
+                f"self.log({name!r}, ...): on_step and on_epoch are both False, so the value "
+                "would go nowhere. Set at least one of them to True."
+            )
+        self._log_options[name] = options
+        self._log_buffer[name] = value
+
+    def save_hyperparameters(self, *names: str) -> None:
+        """Record the constructor arguments in `self.hparams`; loggers and checkpoints carry them.
+
+        Call it in `__init__` after `super().__init__()`. With no names, every argument of the
+        calling `__init__` is recorded.
+
+        Args:
+            *names: Only record these arguments.
+
+        Raises:
+            RuntimeError: If not called from within an `__init__`.
+        """
+        frame = inspect.currentframe().f_back
+        if frame is None or frame.f_code.co_name != "__init__":
+            raise RuntimeError("save_hyperparameters() must be called from the module's __init__.")
+        args = inspect.getargvalues(frame)
+        wanted = names or [a for a in args.args if a != "self"]
+        values = {name: args.locals[name] for name in wanted if name in args.locals}
+        if args.keywords and not names:
+            values.update(args.locals.get(args.keywords, {}))
+        self.hparams.update(values)
+
+    # ----- used by the Trainer -----------------------------------------------------------
+
+    def _take_logged(self) -> dict[str, Any]:
+        logged, self._log_buffer = self._log_buffer, {}
+        return logged

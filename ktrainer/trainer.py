@@ -1,0 +1,563 @@
+"""The Trainer: its arguments, fit/validate/test/predict, and the training loop, top to bottom."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+
+from ktrainer.callbacks import Callback, LearningRateMonitor, ProgressBar
+from ktrainer.data import BatchSource
+from ktrainer.errors import check_count_or_fraction, check_int, check_module_hooks
+from ktrainer.loggers import Logger, TensorBoardLogger
+from ktrainer.metrics import EpochMetrics
+from ktrainer.module import Module
+from ktrainer.precision import resolve_precision
+from ktrainer.state import TrainerState
+from ktrainer.step import APPLIED, CompiledSteps, EvalStep, TrainStep, compile_predict_step, discover_outputs
+from ktrainer.strategies import resolve_strategy
+
+__all__ = ["Trainer"]
+
+log = logging.getLogger("ktrainer")
+
+_DEFAULT_MAX_EPOCHS = 1000
+
+
+class Trainer:
+    """Runs a `Module`: precision, devices, data, the loop, logging and callbacks.
+
+    All arguments are keyword-only and checked here, before anything is built or written.
+
+    Args:
+        max_epochs: Stop after this many epochs. With neither `max_epochs` nor `max_steps`,
+            1000 (with a warning), as in Lightning.
+        max_steps: Stop after this many optimizer steps.
+        batch_size: Examples per device per step; the global batch is this times the replicas.
+        precision: "32-true" (alias "32") or a `Precision` plugin.
+        devices: 1 (or "auto").
+        limit_train_batches: Batches per training epoch: an int, or a float fraction of the epoch.
+        limit_val_batches: Batches per validation: an int (0 turns validation off) or a fraction.
+        val_check_interval: Validate every N training batches (int) or every fraction of an
+            epoch (float); None: at epoch ends only.
+        check_val_every_n_epoch: Validate at the end of every N-th epoch; None: not at epoch ends.
+        log_every_n_steps: Log step metrics every N optimizer steps.
+        gradient_clip_val: Clip gradients to this global norm; None: no clipping.
+        accumulate_grad_batches: Average the gradients of this many batches per optimizer step.
+        steps_per_execution: Batches run inside one compiled call (less Python overhead).
+        seed: Seeds python, numpy, tensorflow and keras at the start of `fit`, and the
+            per-epoch shuffle of numpy data; None draws a shuffle seed and seeds nothing.
+        fast_dev_run: True (or N) runs 1 (or N) training and validation batches, one epoch,
+            without loggers or checkpoints: a quick check that everything runs.
+        default_root_dir: Where logs (and checkpoints) go: a local path or any fsspec URL.
+        storage_options: fsspec options for `default_root_dir` (credentials, endpoint).
+        callbacks: Callbacks, called in the given order after the built-in ones.
+        logger: True (a TensorBoardLogger), False/None, a Logger, or a list of Loggers.
+        enable_progress_bar: Show the progress bar.
+        enable_checkpointing: Save checkpoints (they arrive with ModelCheckpoint).
+
+    Raises:
+        ValueError: For any argument value that is not supported, naming the allowed ones.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_epochs: int | None = None,
+        max_steps: int | None = None,
+        batch_size: int = 32,
+        precision: Any = "32-true",
+        devices: Any = 1,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        val_check_interval: int | float | None = None,
+        check_val_every_n_epoch: int | None = 1,
+        log_every_n_steps: int = 50,
+        gradient_clip_val: float | None = None,
+        accumulate_grad_batches: int = 1,
+        steps_per_execution: int = 1,
+        seed: int | None = None,
+        fast_dev_run: bool | int = False,
+        default_root_dir: str = ".",
+        storage_options: dict[str, Any] | None = None,
+        callbacks: Sequence[Callback] | None = None,
+        logger: bool | Logger | Sequence[Logger] | None = True,
+        enable_progress_bar: bool = True,
+        enable_checkpointing: bool = True,
+    ) -> None:
+        self.max_steps = check_int("max_steps", max_steps, minimum=1, allow_none=True)
+        self.max_epochs = check_int("max_epochs", max_epochs, minimum=1, allow_none=True)
+        if max_epochs is None and max_steps is None:
+            self.max_epochs = _DEFAULT_MAX_EPOCHS
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.precision = resolve_precision(precision)
+        self.devices = devices
+        resolve_strategy(devices)
+        self.limit_train_batches = _optional(check_count_or_fraction, "limit_train_batches", limit_train_batches)
+        self.limit_val_batches = _optional(check_count_or_fraction, "limit_val_batches", limit_val_batches,
+                                           allow_zero=True)
+        self.val_check_interval = _optional(check_count_or_fraction, "val_check_interval", val_check_interval)
+        self.check_val_every_n_epoch = check_int("check_val_every_n_epoch", check_val_every_n_epoch,
+                                                 minimum=1, allow_none=True)
+        self.log_every_n_steps = check_int("log_every_n_steps", log_every_n_steps, minimum=1)
+        if gradient_clip_val is not None and not (isinstance(gradient_clip_val, int | float)
+                                                  and gradient_clip_val > 0):
+            raise ValueError(f"gradient_clip_val must be a number > 0 or None, got {gradient_clip_val!r}.")
+        self.gradient_clip_val = gradient_clip_val
+        self.accumulate_grad_batches = check_int("accumulate_grad_batches", accumulate_grad_batches, minimum=1)
+        self.steps_per_execution = check_int("steps_per_execution", steps_per_execution, minimum=1)
+        self.seed = check_int("seed", seed, minimum=0, allow_none=True)
+        self.fast_dev_run = _check_fast_dev_run(fast_dev_run)
+        if not isinstance(default_root_dir, str) or not default_root_dir:
+            raise ValueError(f"default_root_dir must be a non-empty path or URL string, got {default_root_dir!r}.")
+        self.default_root_dir = default_root_dir
+        self.storage_options = dict(storage_options or {})
+        self.enable_checkpointing = bool(enable_checkpointing)
+        if self.fast_dev_run:
+            n = self.fast_dev_run
+            self.max_epochs, self.max_steps = 1, None
+            self.limit_train_batches = self.limit_val_batches = n
+            self.val_check_interval, self.check_val_every_n_epoch = None, 1
+            logger, self.enable_checkpointing = False, False
+        self.loggers = _resolve_loggers(logger)
+        self.callbacks = _default_callbacks(callbacks, enable_progress_bar, bool(self.loggers))
+        for each in self.loggers:
+            each.attach(self.default_root_dir, self.storage_options)
+
+        self.global_step = 0
+        self.current_epoch = 0
+        self.should_stop = False
+        self.callback_metrics: dict[str, float] = {}
+        self.logged_metrics: dict[str, float] = {}
+        self.progress_bar_metrics: dict[str, float] = {}
+        self.num_training_batches: int | None = None
+        self.optimizer: keras.optimizers.Optimizer | None = None
+        self.strategy = None
+        self.state = TrainerState()
+        self._shuffle_seed = self.seed if self.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+
+    # ----- public API -----------------------------------------------------------------
+
+    @property
+    def logger(self) -> Logger | None:
+        """The first logger, or None."""
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def global_batch_size(self) -> int:
+        """Examples per step across all replicas: `batch_size` x replicas in sync."""
+        replicas = self.strategy.num_replicas_in_sync if self.strategy is not None else 1
+        return self.batch_size * replicas
+
+    def fit(self, module: Module, train_data: Any = None, val_data: Any = None) -> None:
+        """Train `module`: build it, then run epochs of training (and validation) until a limit.
+
+        Args:
+            module: The Module to train.
+            train_data: Training data; None: `module.train_data()`.
+            val_data: Validation data; None: `module.val_data()` (None there: no validation).
+
+        Raises:
+            TypeError: If the module lacks a required hook.
+            ValueError: If there is no training data, or it is empty.
+        """
+        check_module_hooks(module, Module, ("build", "configure_optimizers", "training_step"))
+        with self._run("fit", module):
+            train = self._source(train_data, module.train_data, "train_data", training=True, required=True)
+            val = None
+            if self.limit_val_batches != 0:
+                val = self._source(val_data, module.val_data, "val_data", training=False, required=False)
+            self._build(module, with_optimizer=True)
+            self.num_training_batches = self._epoch_length(train, self.limit_train_batches)
+            train_step = TrainStep(module, self.optimizer, self.precision,
+                                   gradient_clip_val=self.gradient_clip_val,
+                                   accumulate_grad_batches=self.accumulate_grad_batches)
+            with self.strategy.scope():
+                keys = discover_outputs(train_step.forward, train.epoch(0).element_spec)
+                self.optimizer.build(module.model.trainable_variables)
+                train_step.build()
+            train_runner = CompiledSteps(train_step, self.strategy, keys)
+            val_runner = self._eval_runner(module, val, "validation_step", "val") if val else None
+            self._val_batches = self._epoch_length(val, self.limit_val_batches) if val else None
+            log.info("Global batch %d (%d per device x %d replicas).", self.global_batch_size,
+                     self.batch_size, self.strategy.num_replicas_in_sync)
+            self._log_hyperparameters(module)
+            self._call("on_fit_start", module)
+            while not self._finished():
+                self._train_epoch(module, train, train_step, train_runner, val, val_runner)
+            self._call("on_fit_end", module)
+
+    def validate(self, module: Module, data: Any = None) -> dict[str, float]:
+        """Run `module.validation_step` over the validation data.
+
+        Args:
+            module: The Module (built here if it was not trained in this process).
+            data: Validation data; None: `module.val_data()`.
+
+        Returns:
+            The epoch metrics, e.g. {"val/loss": 0.31, "val/acc": 0.92}.
+        """
+        return self._evaluate(module, data, "validation_step", "val", "validate")
+
+    def test(self, module: Module, data: Any = None) -> dict[str, float]:
+        """Run `module.test_step` over the test data.
+
+        Args:
+            module: The Module.
+            data: Test data; None: `module.test_data()`.
+
+        Returns:
+            The epoch metrics, e.g. {"test/loss": 0.33}.
+        """
+        return self._evaluate(module, data, "test_step", "test", "test")
+
+    def predict(self, module: Module, data: Any = None) -> Any:
+        """Run `module.predict_step` over the data and concatenate the results.
+
+        Args:
+            module: The Module.
+            data: Data to predict on; None: `module.predict_data()`. Tuples are taken as
+                `(x, ...)` by the default predict_step.
+
+        Returns:
+            A numpy array (or a structure of arrays, as predict_step returns), one row per example.
+        """
+        check_module_hooks(module, Module, ("build",))
+        with self._run("predict", module):
+            source = self._source(data, module.predict_data, "predict data", training=False, required=True)
+            self._build(module, with_optimizer=False)
+            self._call("on_predict_start", module)
+            step = compile_predict_step(module, self.strategy)
+            dataset = self.strategy.experimental_distribute_dataset(source.epoch(0))
+            chunks = [keras.tree.map_structure(np.asarray, step(batch)) for batch in dataset]
+            self._call("on_predict_end", module)
+        return keras.tree.map_structure(lambda *parts: np.concatenate(parts, axis=0), *chunks)
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Send metrics to every logger (and to `callback_metrics`), at `step` or the global step."""
+        step = self.global_step if step is None else step
+        self.logged_metrics.update(metrics)
+        self.callback_metrics.update(metrics)
+        for each in self.loggers:
+            each.log_metrics({**metrics, "epoch": self.current_epoch}, step)
+
+    # ----- the training loop ------------------------------------------------------------
+
+    def _train_epoch(self, module: Module, train: BatchSource, train_step: TrainStep,
+                     runner: CompiledSteps, val: BatchSource | None, val_runner: CompiledSteps | None) -> None:
+        self.state.at_epoch_end = self.state.validated_this_epoch = False
+        self.state.first_batch_of_epoch = self.state.batch_in_epoch
+        module.on_train_epoch_start()
+        self._call("on_train_epoch_start", module)
+        metrics = EpochMetrics(module._log_options)
+        dataset = self.strategy.experimental_distribute_dataset(
+            train.epoch(self.current_epoch, self.state.batch_in_epoch))
+        iterator = iter(dataset)
+        last_log_time, last_log_step = time.monotonic(), self.global_step
+        exhausted = False
+        while not self.should_stop:
+            num_steps = self._steps_in_next_execution()
+            if num_steps == 0:
+                break
+            self._call("on_train_batch_start", module, self.state.batch_in_epoch)
+            outputs = runner.run(iterator, num_steps)
+            ran = len(outputs[APPLIED])
+            if ran == 0:
+                if self.state.batch_in_epoch == 0:
+                    raise ValueError("train_data yielded no batch: the training data is empty.")
+                exhausted = True
+                break
+            metrics.add(outputs)
+            self.state.logged_step_in_last_execution = False
+            for index in range(ran):
+                self.global_step += int(outputs[APPLIED][index])
+                self.state.batch_in_epoch += 1
+                step_metrics = metrics.step_metrics(outputs, index)
+                self._remember(step_metrics, metrics)
+                if outputs[APPLIED][index] and self.global_step % self.log_every_n_steps == 0:
+                    now = time.monotonic()
+                    throughput = _throughput(self.global_step - last_log_step, now - last_log_time,
+                                             self.global_batch_size * self.accumulate_grad_batches)
+                    self.log_metrics({**step_metrics, **throughput})
+                    last_log_time, last_log_step = now, self.global_step
+                    self.state.logged_step_in_last_execution = True
+            self._call("on_train_batch_end", module, step_metrics, self.state.batch_in_epoch - 1)
+            if val is not None and self._val_due_within_epoch():
+                self._validate_in_fit(module, val, val_runner)
+            if ran < num_steps:
+                exhausted = True
+                break
+            if self.max_steps is not None and self.global_step >= self.max_steps:
+                break
+        epoch_ended = exhausted or (self.num_training_batches is not None
+                                    and self.state.batch_in_epoch >= self.num_training_batches)
+        if epoch_ended and train_step.flush():
+            self.global_step += 1
+        self.state.at_epoch_end = True
+        if val is not None and self._val_due_at_epoch_end():
+            self._validate_in_fit(module, val, val_runner)
+        self.log_metrics(metrics.epoch_metrics())
+        self._remember(metrics.epoch_metrics(), metrics)
+        module.on_train_epoch_end()
+        self._call("on_train_epoch_end", module)
+        for each in self.loggers:
+            each.flush()
+        train.end_epoch()
+        if epoch_ended:
+            self.current_epoch += 1
+            self.state.batch_in_epoch = 0
+
+    def _steps_in_next_execution(self) -> int:
+        steps = self.steps_per_execution
+        if self.num_training_batches is not None:
+            steps = min(steps, self.num_training_batches - self.state.batch_in_epoch)
+        if self.max_steps is not None:
+            pending = self.state.batch_in_epoch % self.accumulate_grad_batches
+            steps = min(steps, (self.max_steps - self.global_step) * self.accumulate_grad_batches - pending)
+        interval = self._val_interval_batches()
+        if interval is not None:
+            steps = min(steps, interval - self.state.batch_in_epoch % interval)
+        return max(steps, 0)
+
+    def _finished(self) -> bool:
+        if self.should_stop:
+            return True
+        if self.max_steps is not None and self.global_step >= self.max_steps:
+            return True
+        return self.max_epochs is not None and self.current_epoch >= self.max_epochs
+
+    # ----- validation -------------------------------------------------------------------
+
+    def _val_interval_batches(self) -> int | None:
+        interval = self.val_check_interval
+        if interval is None or (isinstance(interval, float) and interval == 1.0):
+            return None
+        if isinstance(interval, int):
+            return interval
+        return max(1, int(self.num_training_batches * interval))
+
+    def _val_due_within_epoch(self) -> bool:
+        interval = self._val_interval_batches()
+        if interval is None or self.state.batch_in_epoch % interval:
+            return False
+        return self.num_training_batches is None or self.state.batch_in_epoch < self.num_training_batches
+
+    def _val_due_at_epoch_end(self) -> bool:
+        every = self.check_val_every_n_epoch
+        if self._val_interval_batches() is not None:
+            return True
+        return every is not None and (self.current_epoch + 1) % every == 0
+
+    def _validate_in_fit(self, module: Module, val: BatchSource, runner: CompiledSteps) -> None:
+        self._call("on_validation_start", module)
+        metrics = self._run_eval(module, val, runner, self._val_batches)
+        self.log_metrics(metrics)
+        self.state.validated_this_epoch = self.state.at_epoch_end
+        self._call("on_validation_end", module)
+
+    def _evaluate(self, module: Module, data: Any, hook: str, prefix: str, stage: str) -> dict[str, float]:
+        check_module_hooks(module, Module, ("build",))
+        kind = "validation" if prefix == "val" else "test"
+        with self._run(stage, module):
+            source = self._source(data, getattr(module, f"{prefix}_data"), f"{prefix}_data",
+                                  training=False, required=True)
+            self._build(module, with_optimizer=False)
+            limit = self.limit_val_batches if prefix == "val" else None
+            runner = self._eval_runner(module, source, hook, prefix)
+            self._call(f"on_{kind}_start", module)
+            metrics = self._run_eval(module, source, runner, self._epoch_length(source, limit))
+            self.log_metrics(metrics)
+            self._call(f"on_{kind}_end", module)
+        return metrics
+
+    def _eval_runner(self, module: Module, source: BatchSource, hook: str, prefix: str) -> CompiledSteps:
+        step = EvalStep(module, hook, prefix)
+        keys = discover_outputs(step, source.epoch(0).element_spec)
+        return CompiledSteps(step, self.strategy, keys)
+
+    def _run_eval(self, module: Module, source: BatchSource, runner: CompiledSteps,
+                  num_batches: int | None) -> dict[str, float]:
+        metrics = EpochMetrics(module._log_options)
+        iterator = iter(self.strategy.experimental_distribute_dataset(source.epoch(0)))
+        while num_batches is None or metrics.steps < num_batches:
+            wanted = self.steps_per_execution
+            if num_batches is not None:
+                wanted = min(wanted, num_batches - metrics.steps)
+            outputs = runner.run(iterator, wanted)
+            if len(next(iter(outputs.values()))):
+                metrics.add(outputs)
+            if len(next(iter(outputs.values()))) < wanted:
+                break
+        results = metrics.epoch_metrics()
+        self._remember(results, metrics)
+        return results
+
+    # ----- set-up and tear-down ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _run(self, stage: str, module: Module) -> Iterator[None]:
+        """Everything around one fit/validate/test/predict call, including the error path."""
+        previous_policy = keras.config.dtype_policy()
+        self.state = TrainerState(stage=stage)
+        self.should_stop = False
+        module.trainer = self
+        status = "success"
+        try:
+            self.strategy = resolve_strategy(self.devices)
+            if stage == "fit" and self.seed is not None:
+                keras.utils.set_random_seed(self.seed)
+            module.setup(stage)
+            self._call("setup", module, stage)
+            yield
+        except BaseException as error:
+            status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+            for callback in self.callbacks:
+                _quietly(callback.on_exception, self, module, error)
+            raise
+        finally:
+            try:
+                for each in self.loggers:
+                    if status == "success":
+                        each.finalize(status)
+                    else:
+                        _quietly(each.finalize, status)
+                for callback in self.callbacks:
+                    _quietly(callback.teardown, self, module, stage)
+                _quietly(module.teardown, stage)
+            finally:
+                keras.config.set_dtype_policy(previous_policy)
+                self.state.stage = ""
+
+    def _build(self, module: Module, *, with_optimizer: bool) -> None:
+        """Set the precision policy, enter the strategy scope, build the model (and optimizer)."""
+        keras.config.set_dtype_policy(self.precision.policy)
+        with self.strategy.scope():
+            if module.model is None:
+                model = module.build()
+                if not isinstance(model, keras.Model):
+                    raise TypeError(
+                        f"{type(module).__name__}.build() returned {type(model).__name__}; it must return "
+                        "a keras.Model (e.g. keras.Sequential([...]))."
+                    )
+                module.model = model
+            if with_optimizer:
+                optimizer = module.configure_optimizers()
+                if not isinstance(optimizer, keras.optimizers.Optimizer):
+                    raise TypeError(
+                        f"{type(module).__name__}.configure_optimizers() returned "
+                        f"{type(optimizer).__name__}; it must return a keras optimizer, e.g. "
+                        "keras.optimizers.Adam(1e-3)."
+                    )
+                self.optimizer = self.precision.wrap_optimizer(optimizer)
+
+    def _source(self, given: Any, hook: Any, what: str, *, training: bool, required: bool) -> BatchSource | None:
+        data = given if given is not None else hook()
+        if data is None:
+            if required:
+                raise ValueError(
+                    f"No {what}: pass it to the Trainer call (e.g. trainer.fit(module, train_data=...)) "
+                    f"or return it from the module's {what.split()[0]}() hook."
+                )
+            return None
+        source = BatchSource(data, self.global_batch_size, shuffle=training, seed=self._shuffle_seed,
+                             what=what)
+        if training and source.is_infinite and not isinstance(self.limit_train_batches, int):
+            raise ValueError(
+                f"{what} repeats forever, so an epoch never ends. Set limit_train_batches=N "
+                "(batches per epoch) on the Trainer."
+            )
+        return source
+
+    def _epoch_length(self, source: BatchSource, limit: int | float | None) -> int | None:
+        total = source.num_batches
+        if limit is None:
+            return total
+        if isinstance(limit, int):
+            return limit if total is None else min(limit, total)
+        if total is None:
+            raise ValueError(
+                f"A fractional limit ({limit}) needs data of known length, but {source.what} is a "
+                "tf.data.Dataset or PyDataset whose number of batches is unknown. Use an int instead."
+            )
+        return max(1, int(total * limit))
+
+    def _log_hyperparameters(self, module: Module) -> None:
+        if module.hparams:
+            for each in self.loggers:
+                each.log_hyperparams(module.hparams)
+
+    def _remember(self, values: dict[str, float], metrics: EpochMetrics) -> None:
+        """Keep the latest values for callbacks (under the logged and the plain names) and the bar."""
+        self.callback_metrics.update(values)
+        for name in values:
+            plain = name.removesuffix("_step").removesuffix("_epoch")
+            self.callback_metrics[plain] = values[name]
+        shown = metrics.prog_bar_names() | {"train/loss_step"}
+        for name in shown & set(values):
+            label = "loss" if name == "train/loss_step" else name
+            self.progress_bar_metrics[label] = values[name]
+
+    def _call(self, hook: str, module: Module, *args: Any) -> None:
+        for callback in self.callbacks:
+            getattr(callback, hook)(self, module, *args)
+
+
+def _optional(check: Any, name: str, value: Any, **kwargs: Any) -> Any:
+    return None if value is None else check(name, value, **kwargs)
+
+
+def _check_fast_dev_run(value: Any) -> int:
+    if value is True:
+        return 1
+    if value is False:
+        return 0
+    return check_int("fast_dev_run", value, minimum=0)
+
+
+def _resolve_loggers(logger: Any) -> list[Logger]:
+    if logger is True:
+        return [TensorBoardLogger()]
+    if logger is False or logger is None:
+        return []
+    loggers = [logger] if isinstance(logger, Logger) else list(logger)
+    for each in loggers:
+        if not isinstance(each, Logger):
+            raise ValueError(
+                f"logger must be True, False, a ktrainer Logger or a list of them; got {type(each).__name__}."
+            )
+    return loggers
+
+
+def _default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, has_logger: bool) -> list:
+    given = list(callbacks or [])
+    for each in given:
+        if not isinstance(each, Callback):
+            raise ValueError(f"callbacks must be ktrainer Callback instances; got {type(each).__name__}.")
+    defaults: list[Callback] = []
+    if progress_bar and not any(isinstance(c, ProgressBar) for c in given):
+        defaults.append(ProgressBar())
+    if has_logger and not any(isinstance(c, LearningRateMonitor) for c in given):
+        defaults.append(LearningRateMonitor())
+    return defaults + given
+
+
+def _throughput(steps: int, seconds: float, samples_per_step: int) -> dict[str, float]:
+    if steps <= 0 or seconds <= 0 or not math.isfinite(seconds):
+        return {}
+    return {"time/steps_per_sec": steps / seconds, "time/samples_per_sec": steps * samples_per_step / seconds}
+
+
+def _quietly(function: Any, *args: Any) -> None:
+    """Call a clean-up function on the error path without hiding the original error."""
+    try:
+        function(*args)
+    except Exception as error:  # noqa: BLE001 - the user's original error must surface unchanged
+        warnings.warn(f"{getattr(function, '__qualname__', function)} failed during clean-up: {error!r}",
+                      stacklevel=2)

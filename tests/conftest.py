@@ -1,0 +1,44 @@
+"""Shared fixtures: quiet Trainer settings and a real S3 server (moto) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def quiet() -> dict:
+    """Trainer keyword arguments for a test: no progress bar, no logger."""
+    return {"enable_progress_bar": False, "logger": False}
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible server (moto) on 127.0.0.1, with dummy credentials in the environment."""
+    from moto.server import ThreadedMotoServer
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        os.environ.setdefault(name, value)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, request):
+    """A fresh bucket; returns (root URL, storage_options)."""
+    import s3fs
+
+    options = {"client_kwargs": {"endpoint_url": s3_server}, "key": "testing", "secret": "testing"}
+    fs = s3fs.S3FileSystem(**options)
+    name = "ktrainer-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    fs.mkdir(name)
+    yield f"s3://{name}", options
+    fs.rm(name, recursive=True)
