@@ -114,11 +114,10 @@ class BatchSource:
         else:
             order = np.arange(n)
         order = order[skip_batches * self.global_batch_size :]
-        arrays = tf.nest.map_structure(tf.constant, self._arrays)
-        indices = tf.data.Dataset.from_tensor_slices(order.astype(np.int64))
-        batches = indices.batch(self.global_batch_size, drop_remainder=self.drop_remainder)
-        gather = lambda idx: tf.nest.map_structure(lambda a: tf.gather(a, idx), arrays)  # noqa: E731
-        return batches.map(gather, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+        # One permuted copy per epoch: measurably faster to feed than a per-batch tf.gather.
+        arrays = tf.nest.map_structure(lambda a: a[order], self._arrays)
+        batches = tf.data.Dataset.from_tensor_slices(arrays)
+        return batches.batch(self.global_batch_size, drop_remainder=self.drop_remainder).prefetch(tf.data.AUTOTUNE)
 
     def _pydataset_as_dataset(self) -> tf.data.Dataset:
         data = self._pydataset

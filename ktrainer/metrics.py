@@ -36,6 +36,7 @@ class EpochMetrics:
         self.options = options
         self._sums: dict[str, float] = {}
         self._examples = 0.0
+        self._shown: set[str] | None = None
         self.steps = 0
 
     def add(self, outputs: dict[str, np.ndarray]) -> None:
@@ -73,6 +74,11 @@ class EpochMetrics:
 
     def prog_bar_names(self) -> set[str]:
         """Names, as logged per step, of the values shown in the progress bar."""
+        if self._shown is None:
+            self._shown = self._find_prog_bar_names()
+        return self._shown
+
+    def _find_prog_bar_names(self) -> set[str]:
         shown = set()
         for name, options in self.options.items():
             if options.prog_bar:

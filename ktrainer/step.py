@@ -43,7 +43,9 @@ class CompiledSteps:
         self._step_fn = step_fn
         self._strategy = strategy
         self._keys = list(output_keys)
-        self._function = tf.function(self._run_steps, jit_compile=jit_compile, reduce_retracing=True)
+        self._function = tf.function(self._run_steps, jit_compile=jit_compile)
+        self._concrete = None
+        self._step_counts: dict[int, tf.Tensor] = {}
 
     def run(self, iterator: Any, num_steps: int) -> dict[str, np.ndarray]:
         """Run up to `num_steps` batches from `iterator`; stops early when it is exhausted.
@@ -51,18 +53,25 @@ class CompiledSteps:
         Returns:
             Each key's per-step values (empty arrays when the iterator was already exhausted).
         """
-        outputs = self._function(iterator, tf.constant(num_steps, tf.int32))
-        return {key: value.numpy() for key, value in outputs.items()}
+        if num_steps not in self._step_counts:
+            self._step_counts[num_steps] = tf.constant(num_steps, tf.int32)
+        count = self._step_counts[num_steps]
+        # Calling the traced graph directly skips tf.function's per-call signature matching,
+        # which costs more than a small model's step.
+        if self._concrete is None:
+            self._concrete = self._function.get_concrete_function(iterator, count)
+        values = self._concrete(iterator, count).numpy()
+        return dict(zip(self._keys, values, strict=True))
 
-    def _run_steps(self, iterator: Any, num_steps: tf.Tensor) -> dict[str, tf.Tensor]:
-        arrays = {key: tf.TensorArray(tf.float32, size=0, dynamic_size=True) for key in self._keys}
+    def _run_steps(self, iterator: Any, num_steps: tf.Tensor) -> tf.Tensor:
+        values = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=(len(self._keys),))
         for index in tf.range(num_steps):
             optional = iterator.get_next_as_optional()
             if not optional.has_value():
                 break
             outputs = self._replicated_step(optional.get_value())
-            arrays = {key: arrays[key].write(index, outputs[key]) for key in self._keys}
-        return {key: array.stack() for key, array in arrays.items()}
+            values = values.write(index, tf.stack([outputs[key] for key in self._keys]))
+        return tf.transpose(values.stack())
 
     def _replicated_step(self, batch: Any) -> dict[str, tf.Tensor]:
         per_replica = self._strategy.run(self._step_fn, args=(batch,))

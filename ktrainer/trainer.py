@@ -275,19 +275,20 @@ class Trainer:
                 exhausted = True
                 break
             metrics.add(outputs)
-            self.state.logged_step_in_last_execution = False
-            for index in range(ran):
-                self.global_step += int(outputs[APPLIED][index])
-                self.state.batch_in_epoch += 1
-                step_metrics = metrics.step_metrics(outputs, index)
-                self._remember(step_metrics, metrics)
-                if outputs[APPLIED][index] and self.global_step % self.log_every_n_steps == 0:
-                    now = time.monotonic()
-                    throughput = _throughput(self.global_step - last_log_step, now - last_log_time,
-                                             self.global_batch_size * self.accumulate_grad_batches)
-                    self.log_metrics({**step_metrics, **throughput})
-                    last_log_time, last_log_step = now, self.global_step
-                    self.state.logged_step_in_last_execution = True
+            steps_after = self.global_step + np.cumsum(outputs[APPLIED].astype(np.int64))
+            log_at = np.flatnonzero(outputs[APPLIED].astype(bool) & (steps_after % self.log_every_n_steps == 0))
+            for index in log_at:
+                self.global_step = int(steps_after[index])
+                now = time.monotonic()
+                throughput = _throughput(self.global_step - last_log_step, now - last_log_time,
+                                         self.global_batch_size * self.accumulate_grad_batches)
+                self.log_metrics({**metrics.step_metrics(outputs, index), **throughput})
+                last_log_time, last_log_step = now, self.global_step
+            self.state.logged_step_in_last_execution = len(log_at) > 0
+            self.global_step = int(steps_after[-1])
+            self.state.batch_in_epoch += ran
+            step_metrics = metrics.step_metrics(outputs, ran - 1)
+            self._remember(step_metrics, metrics)
             self._call("on_train_batch_end", module, step_metrics, self.state.batch_in_epoch - 1)
             if val is not None and self._val_due_within_epoch():
                 self._validate_in_fit(module, val, val_runner)

@@ -1,0 +1,160 @@
+"""Per-step overhead of Trainer.fit against keras Model.fit and a hand-written tf.function loop.
+
+All three train the same small MLP (where Python overhead dominates) on the same numpy data,
+with the same batch size and optimizer, in one process. Each runs `--epochs` epochs; the first
+(tracing and compilation) is dropped and the median epoch time of the rest gives steps/s; the
+three runs are repeated, interleaved, and the median of the repeats is reported.
+
+    python benchmarks/fit_overhead.py [--epochs 4] [--examples 16384] [--batch-size 32] [--repeats 3]
+
+Prints steps/s of each and the ratios a/b (Trainer / Model.fit) and a/c (Trainer / hand loop)
+at steps_per_execution 1 and 16. Absolute numbers depend on the machine; compare the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import ktrainer as kt  # noqa: E402
+
+
+def make_model() -> keras.Model:
+    return keras.Sequential([keras.layers.Input((20,)), keras.layers.Dense(64, activation="relu"),
+                             keras.layers.Dense(64, activation="relu"), keras.layers.Dense(3)])
+
+
+def loss_fn(y, logits):
+    return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+
+
+class BenchModule(kt.Module):
+    def build(self):
+        return make_model()
+
+    def configure_optimizers(self):
+        return keras.optimizers.Adam(1e-3)
+
+    def training_step(self, batch):
+        x, y = batch
+        return loss_fn(y, self.model(x, training=True))
+
+
+class EpochTimes(kt.callbacks.Callback):
+    def __init__(self):
+        self.times, self._start = [], 0.0
+
+    def on_train_epoch_start(self, trainer, module):
+        self._start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer, module):
+        self.times.append(time.perf_counter() - self._start)
+
+
+class KerasEpochTimes(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.times, self._start = [], 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.times.append(time.perf_counter() - self._start)
+
+
+def run_trainer(data, args, spe) -> list[float]:
+    timer = EpochTimes()
+    trainer = kt.Trainer(max_epochs=args.epochs, batch_size=args.batch_size, steps_per_execution=spe, seed=0,
+                         logger=False, enable_progress_bar=False, callbacks=[timer])
+    trainer.fit(BenchModule(), train_data=data)
+    return timer.times
+
+
+def run_keras_fit(data, args, spe) -> list[float]:
+    keras.utils.set_random_seed(0)
+    model = make_model()
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss_fn, steps_per_execution=spe)
+    timer = KerasEpochTimes()
+    model.fit(*data, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=0, callbacks=[timer])
+    return timer.times
+
+
+def run_hand_loop(data, args, spe) -> list[float]:
+    keras.utils.set_random_seed(0)
+    model = make_model()
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+    x, y = data
+    steps = -(-len(x) // args.batch_size)
+
+    def one_step(batch):
+        bx, by = batch
+        with tf.GradientTape() as tape:
+            loss = loss_fn(by, model(bx, training=True))
+        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        return loss
+
+    @tf.function
+    def run_steps(iterator, n):
+        loss = tf.constant(0.0)
+        for _ in tf.range(n):
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():
+                break
+            loss = one_step(optional.get_value())
+        return loss
+
+    times = []
+    for epoch in range(args.epochs):
+        start = time.perf_counter()  # an epoch's time includes making its dataset, as in the other two
+        order = np.random.default_rng(epoch).permutation(len(x))  # the same input pipeline as the Trainer's
+        dataset = tf.data.Dataset.from_tensor_slices((x[order], y[order])).batch(args.batch_size)
+        iterator = iter(dataset.prefetch(tf.data.AUTOTUNE))
+        for _ in range(-(-steps // spe)):
+            run_steps(iterator, tf.constant(spe)).numpy()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def steps_per_second(times: list[float], steps: int) -> float:
+    return steps / statistics.median(times[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--examples", type=int, default=16384)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median is reported")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(args.examples, 20)).astype(np.float32)
+    data = (x, x[:, :3].argmax(axis=1).astype(np.int32))
+    steps = -(-args.examples // args.batch_size)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
+          f"tensorflow {tf.__version__}, keras {keras.__version__}")
+    print(f"{steps} steps/epoch of batch {args.batch_size}; median of epochs 2..{args.epochs}, "
+          f"median of {args.repeats} interleaved repeats")
+    print(f"{'spe':>4} {'a: Trainer':>12} {'b: Model.fit':>13} {'c: hand loop':>13} {'a/b':>6} {'a/c':>6}")
+    for spe in (1, 16):
+        rates = {run: [] for run in (run_trainer, run_keras_fit, run_hand_loop)}
+        for _ in range(args.repeats):  # interleaved, so a noisy neighbour hits all three alike
+            for run, found in rates.items():
+                found.append(steps_per_second(run(data, args, spe), steps))
+        a, b, c = (statistics.median(found) for found in rates.values())
+        print(f"{spe:>4} {a:>12.1f} {b:>13.1f} {c:>13.1f} {a / b:>6.2f} {a / c:>6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""LearningRateMonitor: the rate a schedule gives at each logged step reaches the loggers."""
+
+from __future__ import annotations
+
+import keras
+import pytest
+
+import ktrainer as kt
+from tests.helpers import Classifier, read_scalars
+
+
+class Scheduled(Classifier):
+    def configure_optimizers(self):
+        schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.5)
+        return keras.optimizers.SGD(schedule)
+
+
+def test_schedule_values_are_logged_at_each_log_step(tmp_path):
+    trainer = kt.Trainer(max_steps=4, batch_size=32, log_every_n_steps=2, default_root_dir=str(tmp_path),
+                         enable_progress_bar=False)
+    trainer.fit(Scheduled())
+    scalars = read_scalars(str(tmp_path / "tensorboard" / "version_0"))
+    # After 2 and 4 optimizer steps the schedule gives 0.1 * 0.5**2 and 0.1 * 0.5**4.
+    assert scalars["lr-SGD"] == [(2, pytest.approx(0.025)), (4, pytest.approx(0.00625))]
+
+
+def test_epoch_interval(tmp_path):
+    monitor = kt.callbacks.LearningRateMonitor(logging_interval="epoch")
+    trainer = kt.Trainer(max_epochs=2, batch_size=64, callbacks=[monitor], default_root_dir=str(tmp_path),
+                         enable_progress_bar=False)
+    trainer.fit(Scheduled())
+    scalars = read_scalars(str(tmp_path / "tensorboard" / "version_0"))
+    assert scalars["lr-SGD"] == [(0, pytest.approx(0.1)), (4, pytest.approx(0.1 * 0.5**4))]
+
+
+def test_bad_interval():
+    with pytest.raises(ValueError, match="logging_interval='batch' is not supported"):
+        kt.callbacks.LearningRateMonitor("batch")
