@@ -13,10 +13,12 @@ if keras.backend.backend() != "tensorflow":
         f"{keras.backend.backend()!r} backend. Set KERAS_BACKEND=tensorflow before importing keras."
     )
 
-from ktrainer import callbacks, loggers  # noqa: E402
+from ktrainer import callbacks, loggers, precision  # noqa: E402
+from ktrainer.compare_precision import PrecisionComparison, compare_precision  # noqa: E402
 from ktrainer.module import Module  # noqa: E402
 from ktrainer.trainer import Trainer  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["Trainer", "Module", "callbacks", "loggers", "__version__"]
+__all__ = ["Trainer", "Module", "callbacks", "loggers", "precision", "compare_precision", "PrecisionComparison",
+           "__version__"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from ktrainer.module import LogOptions
-from ktrainer.step import APPLIED, BATCH_SIZE
+from ktrainer.step import APPLIED, BATCH_SIZE, SKIPPED
 
 __all__ = ["EpochMetrics", "metric_names"]
 
-_PRIVATE = (BATCH_SIZE, APPLIED)
+_PRIVATE = (BATCH_SIZE, APPLIED, SKIPPED)
 
 
 def metric_names(name: str, options: LogOptions) -> tuple[str | None, str | None]:

@@ -2,7 +2,8 @@
 
 Every step function returns a flat dict of scalars: the loss and what the module logged,
 plus `_batch_size` (examples in the batch) and, for training, `_applied` (1.0 when the
-optimizer stepped). `CompiledSteps` runs up to `steps_per_execution` of them in one
+batch completed an optimizer step) and `_skipped` (1.0 when that step was skipped for
+non-finite gradients). `CompiledSteps` runs up to `steps_per_execution` of them in one
 `tf.function` call and returns each step's values, so logging stays per step while the
 Python overhead is paid once per execution.
 """
@@ -16,10 +17,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["CompiledSteps", "TrainStep", "EvalStep", "compile_predict_step", "BATCH_SIZE", "APPLIED"]
+from ktrainer.module import LogOptions
+
+__all__ = ["CompiledSteps", "TrainStep", "EvalStep", "compile_predict_step", "BATCH_SIZE", "APPLIED", "SKIPPED",
+           "LOSS_SCALE"]
 
 BATCH_SIZE = "_batch_size"
 APPLIED = "_applied"
+SKIPPED = "_skipped"
+LOSS_SCALE = "precision/loss_scale"
 
 
 class CompiledSteps:
@@ -171,7 +177,8 @@ class TrainStep:
     def forward(self, batch: Any) -> dict[str, tf.Tensor]:
         """Loss and logs of a batch, without gradients (used to discover the outputs)."""
         _, logs = self._loss_and_logs(batch)
-        return {**logs, BATCH_SIZE: batch_size_of(batch), APPLIED: tf.constant(1.0)}
+        flag = tf.constant(0.0)
+        return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: flag, SKIPPED: flag}
 
     def __call__(self, batch: Any) -> dict[str, tf.Tensor]:
         """One training step on one (per-replica) batch."""
@@ -182,23 +189,28 @@ class TrainStep:
         gradients = tape.gradient(scaled, variables)
         gradients = self.precision.unscale_gradients(gradients, self.optimizer)
         if self.accumulate == 1:
-            self._apply(gradients)
-            applied = tf.constant(1.0)
+            applied, skipped = tf.constant(1.0), self._apply(gradients)
         else:
-            applied = self._accumulate(gradients)
-        return {**logs, BATCH_SIZE: batch_size_of(batch), APPLIED: applied}
+            applied, skipped = self._accumulate(gradients)
+        return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: applied,
+                SKIPPED: skipped}
 
-    def flush(self) -> bool:
-        """Apply the gradients accumulated so far (at epoch end). Returns True if it stepped."""
+    def flush(self) -> tuple[bool, bool]:
+        """Apply the gradients accumulated so far (at epoch end).
+
+        Returns:
+            (stepped, skipped): whether an optimizer step was taken, and whether it was skipped
+            for non-finite gradients.
+        """
         if self.accumulate == 1 or int(self._count.numpy()) == 0:
-            return False
-        self._flush_function()
-        return True
+            return False, False
+        return True, bool(self._flush_function().numpy())
 
     @tf.function
-    def _flush_function(self) -> None:
-        self._apply([s / tf.cast(self._count, s.dtype) for s in self._sums])
+    def _flush_function(self) -> tf.Tensor:
+        skipped = self._apply([s / tf.cast(self._count, s.dtype) for s in self._sums])
         self._reset_sums()
+        return skipped
 
     def _loss_and_logs(self, batch: Any) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         self.module._stage = "train"
@@ -207,26 +219,33 @@ class TrainStep:
         self.module.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss, scalar_logs(self.module._take_logged(), "training_step")
 
-    def _accumulate(self, gradients: list) -> tf.Tensor:
+    def _precision_logs(self) -> dict[str, tf.Tensor]:
+        scale = self.precision.loss_scale(self.optimizer)
+        if scale is None:
+            return {}
+        self.module._log_options[LOSS_SCALE] = LogOptions(on_step=True, on_epoch=False, prog_bar=True)
+        return {LOSS_SCALE: tf.cast(tf.convert_to_tensor(scale), tf.float32)}
+
+    def _accumulate(self, gradients: list) -> tuple[tf.Tensor, tf.Tensor]:
         for total, gradient in zip(self._sums, gradients, strict=True):
             if gradient is not None:
                 total.assign_add(tf.convert_to_tensor(gradient))
         self._count.assign_add(1)
 
         def apply_mean():
-            k = float(self.accumulate)
-            self._apply([s / tf.cast(k, s.dtype) for s in self._sums])
+            skipped = self._apply([s / tf.cast(self.accumulate, s.dtype) for s in self._sums])
             self._reset_sums()
-            return tf.constant(1.0)
+            return tf.constant(1.0), skipped
 
-        return tf.cond(self._count >= self.accumulate, apply_mean, lambda: tf.constant(0.0))
+        return tf.cond(self._count >= self.accumulate, apply_mean, lambda: (tf.constant(0.0), tf.constant(0.0)))
 
     def _reset_sums(self) -> None:
         for total in self._sums:
             total.assign(tf.zeros_like(total))
         self._count.assign(0)
 
-    def _apply(self, gradients: list) -> None:
+    def _apply(self, gradients: list) -> tf.Tensor:
+        """Clip and apply through the precision plugin; returns 1.0 if the step was skipped."""
         variables = self.module.model.trainable_variables
         pairs = [(g, v) for g, v in zip(gradients, variables, strict=True) if g is not None]
         if not pairs:
@@ -234,10 +253,13 @@ class TrainStep:
                 "No gradient reaches any trainable variable: the loss returned by training_step "
                 "does not depend on self.model's weights. Compute the loss from self.model(...)."
             )
-        gradients = [g for g, _ in pairs]
-        if self.clip is not None:
-            gradients, _ = tf.clip_by_global_norm(gradients, self.clip)
-        self.optimizer.apply(gradients, [v for _, v in pairs])
+
+        def update(optimizer, grads):
+            if self.clip is not None:
+                grads, _ = tf.clip_by_global_norm(grads, self.clip)
+            optimizer.apply(grads, [v for _, v in pairs])
+
+        return tf.cast(self.precision.apply(self.optimizer, update, [g for g, _ in pairs]), tf.float32)
 
 
 class EvalStep:

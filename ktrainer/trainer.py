@@ -19,16 +19,29 @@ from ktrainer.errors import check_count_or_fraction, check_int, check_module_hoo
 from ktrainer.loggers import Logger, TensorBoardLogger
 from ktrainer.metrics import EpochMetrics
 from ktrainer.module import Module
-from ktrainer.precision import resolve_precision
+from ktrainer.precision import LayerPrecision, resolve_precision
+from ktrainer.precision.advice import hardware_advice
+from ktrainer.precision.report import check_output_dtype, keep_float32, log_report, precision_report
 from ktrainer.state import TrainerState
-from ktrainer.step import APPLIED, CompiledSteps, EvalStep, TrainStep, compile_predict_step, discover_outputs
+from ktrainer.step import (
+    APPLIED,
+    LOSS_SCALE,
+    SKIPPED,
+    CompiledSteps,
+    EvalStep,
+    TrainStep,
+    compile_predict_step,
+    discover_outputs,
+)
 from ktrainer.strategies import resolve_strategy
+from ktrainer.strategies.hardware import visible_accelerators
 
 __all__ = ["Trainer"]
 
 log = logging.getLogger("ktrainer")
 
 _DEFAULT_MAX_EPOCHS = 1000
+SKIPPED_STEPS = "precision/skipped_steps"
 
 
 class Trainer:
@@ -41,7 +54,10 @@ class Trainer:
             1000 (with a warning), as in Lightning.
         max_steps: Stop after this many optimizer steps.
         batch_size: Examples per device per step; the global batch is this times the replicas.
-        precision: "32-true" (alias "32") or a `Precision` plugin.
+        precision: "32-true" (alias "32"), "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true"
+            (alias "64"), or a `Precision` plugin such as `MixedPrecision("16-mixed", initial_scale=...)`.
+        float32_layers: Layer classes or names that compute in float32 whatever the precision
+            (e.g. `[keras.layers.BatchNormalization]`), when accuracy suffers without NaN.
         devices: 1 (or "auto").
         limit_train_batches: Batches per training epoch: an int, or a float fraction of the epoch.
         limit_val_batches: Batches per validation: an int (0 turns validation off) or a fraction.
@@ -74,6 +90,7 @@ class Trainer:
         max_steps: int | None = None,
         batch_size: int = 32,
         precision: Any = "32-true",
+        float32_layers: Sequence[type | str] | None = None,
         devices: Any = 1,
         limit_train_batches: int | float | None = None,
         limit_val_batches: int | float | None = None,
@@ -98,6 +115,10 @@ class Trainer:
             self.max_epochs = _DEFAULT_MAX_EPOCHS
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.precision = resolve_precision(precision)
+        self.float32_layers = list(float32_layers or [])
+        for selector in self.float32_layers:
+            if not isinstance(selector, str | type):
+                raise ValueError(f"float32_layers takes layer classes or layer names, got {selector!r}.")
         self.devices = devices
         resolve_strategy(devices)
         self.limit_train_batches = _optional(check_count_or_fraction, "limit_train_batches", limit_train_batches)
@@ -138,8 +159,10 @@ class Trainer:
         self.logged_metrics: dict[str, float] = {}
         self.progress_bar_metrics: dict[str, float] = {}
         self.num_training_batches: int | None = None
+        self.skipped_steps = 0
         self.optimizer: keras.optimizers.Optimizer | None = None
         self.strategy = None
+        self._module: Module | None = None
         self.state = TrainerState()
         self._shuffle_seed = self.seed if self.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
 
@@ -155,6 +178,24 @@ class Trainer:
         """Examples per step across all replicas: `batch_size` x replicas in sync."""
         replicas = self.strategy.num_replicas_in_sync if self.strategy is not None else 1
         return self.batch_size * replicas
+
+    def precision_report(self, module: Module | None = None) -> dict[str, LayerPrecision]:
+        """Compute and variable dtype of every layer of the module's model, by layer name.
+
+        Args:
+            module: The module; default: the one of the last fit/validate/test/predict call.
+
+        Returns:
+            {layer name: LayerPrecision(class_name, compute_dtype, variable_dtype)}.
+
+        Raises:
+            RuntimeError: If the module's model is not built yet.
+        """
+        module = module or self._module
+        if module is None or module.model is None:
+            raise RuntimeError("precision_report() needs a built model: call it after trainer.fit(module) "
+                               "(or validate/test/predict), or pass the module.")
+        return precision_report(module.model)
 
     def fit(self, module: Module, train_data: Any = None, val_data: Any = None) -> None:
         """Train `module`: build it, then run epochs of training (and validation) until a limit.
@@ -275,17 +316,24 @@ class Trainer:
                 exhausted = True
                 break
             metrics.add(outputs)
-            steps_after = self.global_step + np.cumsum(outputs[APPLIED].astype(np.int64))
-            log_at = np.flatnonzero(outputs[APPLIED].astype(bool) & (steps_after % self.log_every_n_steps == 0))
+            stepped = outputs[APPLIED].astype(bool)
+            steps_after = self.global_step + np.cumsum(stepped)
+            skips_after = self.skipped_steps + np.cumsum(outputs[SKIPPED].astype(np.int64))
+            log_at = np.flatnonzero(stepped & (steps_after % self.log_every_n_steps == 0))
             for index in log_at:
                 self.global_step = int(steps_after[index])
                 now = time.monotonic()
-                throughput = _throughput(self.global_step - last_log_step, now - last_log_time,
-                                         self.global_batch_size * self.accumulate_grad_batches)
-                self.log_metrics({**metrics.step_metrics(outputs, index), **throughput})
+                extra = _throughput(self.global_step - last_log_step, now - last_log_time,
+                                    self.global_batch_size * self.accumulate_grad_batches)
+                if self.precision.loss_scaling:
+                    extra[SKIPPED_STEPS] = int(skips_after[index])
+                self.log_metrics({**metrics.step_metrics(outputs, index), **extra})
                 last_log_time, last_log_step = now, self.global_step
             self.state.logged_step_in_last_execution = len(log_at) > 0
             self.global_step = int(steps_after[-1])
+            self.skipped_steps = int(skips_after[-1])
+            scale = outputs.get(LOSS_SCALE)
+            self.precision.watch(outputs[SKIPPED][stepped], None if scale is None else float(scale[-1]))
             self.state.batch_in_epoch += ran
             step_metrics = metrics.step_metrics(outputs, ran - 1)
             self._remember(step_metrics, metrics)
@@ -299,8 +347,10 @@ class Trainer:
                 break
         epoch_ended = exhausted or (self.num_training_batches is not None
                                     and self.state.batch_in_epoch >= self.num_training_batches)
-        if epoch_ended and train_step.flush():
-            self.global_step += 1
+        if epoch_ended:
+            stepped, skipped = train_step.flush()
+            self.global_step += int(stepped)
+            self.skipped_steps += int(skipped)
         self.state.at_epoch_end = True
         if val is not None and self._val_due_at_epoch_end():
             self._validate_in_fit(module, val, val_runner)
@@ -409,11 +459,14 @@ class Trainer:
         self.state = TrainerState(stage=stage)
         self.should_stop = False
         module.trainer = self
+        self._module = module
         status = "success"
         try:
             self.strategy = resolve_strategy(self.devices)
-            if stage == "fit" and self.seed is not None:
-                keras.utils.set_random_seed(self.seed)
+            if stage == "fit":
+                self.precision.reset()
+                if self.seed is not None:
+                    keras.utils.set_random_seed(self.seed)
             module.setup(stage)
             self._call("setup", module, stage)
             yield
@@ -448,6 +501,8 @@ class Trainer:
                         "a keras.Model (e.g. keras.Sequential([...]))."
                     )
                 module.model = model
+                if self.float32_layers:
+                    keep_float32(model, self.float32_layers)
             if with_optimizer:
                 optimizer = module.configure_optimizers()
                 if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -457,6 +512,11 @@ class Trainer:
                         "keras.optimizers.Adam(1e-3)."
                     )
                 self.optimizer = self.precision.wrap_optimizer(optimizer)
+        check_output_dtype(module.model, self.precision.name, self.precision.compute_dtype)
+        log_report(precision_report(module.model), self.precision.name, self.precision.policy)
+        if with_optimizer:
+            for line in hardware_advice(self.precision.name, self.precision.compute_dtype, visible_accelerators()):
+                log.warning(line)
 
     def _source(self, given: Any, hook: Any, what: str, *, training: bool, required: bool) -> BatchSource | None:
         data = given if given is not None else hook()

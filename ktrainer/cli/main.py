@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from ktrainer.cli import demo, fit
+from ktrainer.cli import compare_precision, demo, fit
 
 __all__ = ["main", "build_parser"]
 
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     demo.add_parser(commands)
     fit.add_parser(commands)
+    compare_precision.add_parser(commands)
     return parser
 
 

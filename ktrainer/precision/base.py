@@ -2,29 +2,42 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
+
+import keras
 
 __all__ = ["Precision"]
 
 
 class Precision:
-    """Full float32 precision, and the hooks other precisions override.
+    """Full float32 precision ("32-true"), and the hooks other precisions override.
 
-    The Trainer calls `policy_name` before `Module.build()`, `wrap_optimizer` after
-    `configure_optimizers()`, and `scale_loss` / `unscale_gradients` inside the compiled step.
-    Here they do nothing, so the step has no precision branches.
+    The Trainer sets `policy` before `Module.build()`, calls `wrap_optimizer` after
+    `configure_optimizers()`, and inside the compiled step `scale_loss`, `unscale_gradients`
+    and `apply`. Here they do nothing, so the step has no precision branches.
 
     Args:
-        name: The precision string this plugin stands for, e.g. "32-true".
+        name: The precision string this plugin stands for.
     """
 
     policy: str = "float32"
+    compute_dtype: str = "float32"
+    loss_scaling: bool = False
 
     def __init__(self, name: str = "32-true") -> None:
         self.name = name
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
-        """Return the optimizer the step should use (unchanged here)."""
+        """Return the optimizer the step uses. A LossScaleOptimizer is unwrapped: it is not needed here."""
+        if isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
+            warnings.warn(
+                f"configure_optimizers() returned a LossScaleOptimizer, but precision={self.name!r} needs no "
+                "loss scaling; the Trainer uses its inner optimizer. Loss scaling is for precision='16-mixed'.",
+                stacklevel=3,
+            )
+            return optimizer.inner_optimizer
         return optimizer
 
     def scale_loss(self, loss: Any, optimizer: Any) -> Any:
@@ -32,8 +45,34 @@ class Precision:
         return loss
 
     def unscale_gradients(self, gradients: list, optimizer: Any) -> list:
-        """Return the true gradients from the gradients of the scaled loss (unchanged here)."""
+        """Return the true gradients from those of the scaled loss (unchanged here)."""
         return gradients
+
+    def apply(self, optimizer: Any, update: Callable[[Any, list], None], gradients: list) -> Any:
+        """Apply the update and return 1.0 if the step was skipped, else 0.0 (never skipped here).
+
+        Args:
+            optimizer: The optimizer returned by `wrap_optimizer`.
+            update: `update(optimizer_to_step, gradients)`: clips and applies the gradients.
+            gradients: The unscaled gradients.
+        """
+        update(optimizer, gradients)
+        return keras.ops.convert_to_tensor(0.0, "float32")
+
+    def loss_scale(self, optimizer: Any) -> Any:
+        """The current loss scale as a tensor, or None when the precision does not scale the loss."""
+        return None
+
+    def watch(self, skipped: Any, loss_scale: float | None) -> None:
+        """Check the steps just run for a stall (nothing to check here).
+
+        Args:
+            skipped: One flag per optimizer step just taken, 1 where it was skipped.
+            loss_scale: The loss scale after these steps, or None.
+        """
+
+    def reset(self) -> None:
+        """Forget what `watch` has seen (at the start of each fit)."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

@@ -1,0 +1,108 @@
+"""What precision each layer really runs in, float32 overrides, and the output-layer check."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import keras
+
+__all__ = ["LayerPrecision", "precision_report", "keep_float32", "check_output_dtype", "summarize"]
+
+log = logging.getLogger("ktrainer")
+
+
+class LayerPrecision(NamedTuple):
+    """One row of `Trainer.precision_report()`.
+
+    Attributes:
+        class_name: The layer's class, e.g. "Dense".
+        compute_dtype: The dtype it computes in.
+        variable_dtype: The dtype of its variables.
+    """
+
+    class_name: str
+    compute_dtype: str
+    variable_dtype: str
+
+
+def _layers(model: keras.Model) -> list[keras.layers.Layer]:
+    layers = model._flatten_layers(include_self=False)
+    return [layer for layer in layers if not isinstance(layer, keras.layers.InputLayer)]
+
+
+def precision_report(model: keras.Model) -> dict[str, LayerPrecision]:
+    """Compute and variable dtype of every layer (nested ones included), by layer name, in model order."""
+    return {layer.name: LayerPrecision(type(layer).__name__, layer.compute_dtype, layer.variable_dtype)
+            for layer in _layers(model)}
+
+
+def keep_float32(model: keras.Model, selectors: Sequence[type | str]) -> list[str]:
+    """Make the layers matching `selectors` (layer classes or names) compute in float32.
+
+    Their variables keep their dtype (float32 under a mixed policy); their inputs are cast to
+    float32 when they are called, and the next layer casts back to its own compute dtype.
+
+    Returns:
+        The names of the layers changed.
+
+    Raises:
+        ValueError: For a selector that matches no layer, listing the layer names and classes.
+    """
+    changed = []
+    for selector in selectors:
+        matched = [layer for layer in _layers(model)
+                   if (isinstance(selector, type) and isinstance(layer, selector)) or layer.name == selector]
+        if not matched:
+            names = ", ".join(f"{layer.name} ({type(layer).__name__})" for layer in _layers(model))
+            raise ValueError(f"float32_layers: {selector!r} matches no layer of the model. Its layers: {names}.")
+        for layer in matched:
+            layer.dtype_policy = keras.DTypePolicy("float32")
+            changed.append(layer.name)
+    return changed
+
+
+def check_output_dtype(model: keras.Model, precision_name: str, compute_dtype: str) -> None:
+    """Warn, with the exact fix, when a float16/bfloat16 model's output is not float32."""
+    if compute_dtype not in ("float16", "bfloat16"):
+        return
+    outputs = getattr(model, "outputs", None)
+    dtypes = [keras.backend.standardize_dtype(o.dtype) for o in keras.tree.flatten(outputs)] if outputs else []
+    if not dtypes:
+        layers = _layers(model)
+        dtypes = [layers[-1].compute_dtype] if layers else []
+    if any(d != "float32" for d in dtypes):
+        last = _layers(model)[-1]
+        warnings.warn(
+            f"precision={precision_name!r}: the model's output is {', '.join(sorted(set(dtypes)))}, not float32. "
+            f"Softmax and the loss need float32's range and precision. Fix: give the last layer "
+            f"dtype=\"float32\", e.g. keras.layers.{type(last).__name__}(..., dtype=\"float32\") for layer "
+            f"{last.name!r}.",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def summarize(report: dict[str, LayerPrecision], precision_name: str, policy: str) -> str:
+    """One line: the policy and how many layers compute in which dtype."""
+    by_dtype: dict[str, list[str]] = {}
+    for name, row in report.items():
+        by_dtype.setdefault(f"{row.compute_dtype}/{row.variable_dtype}", []).append(name)
+    parts = []
+    for dtypes, names in sorted(by_dtype.items(), key=lambda item: -len(item[1])):
+        listed = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        parts.append(f"{len(names)} layer{'s' if len(names) != 1 else ''} {dtypes} ({listed})")
+    return f"precision={precision_name!r} (policy {policy}), compute/variable dtypes: " + "; ".join(parts)
+
+
+def log_report(report: dict[str, LayerPrecision], precision_name: str, policy: str) -> None:
+    """Log the summary line at info level and the full table at debug level."""
+    log.info(summarize(report, precision_name, policy))
+    if log.isEnabledFor(logging.DEBUG):
+        width = max((len(name) for name in report), default=5)
+        lines = [f"{'layer':<{width}}  {'class':<20} compute   variable"]
+        for name, row in report.items():
+            lines.append(f"{name:<{width}}  {row.class_name:<20} {row.compute_dtype:<9} {row.variable_dtype}")
+        log.debug("\n".join(lines))
