@@ -17,15 +17,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ktrainer.module import LogOptions
-
-__all__ = ["CompiledSteps", "TrainStep", "EvalStep", "compile_predict_step", "BATCH_SIZE", "APPLIED", "SKIPPED",
+__all__ = ["CompiledSteps", "EvalStep", "compile_predict_step", "BATCH_SIZE", "APPLIED", "SKIPPED",
            "LOSS_SCALE"]
 
 BATCH_SIZE = "_batch_size"
 APPLIED = "_applied"
 SKIPPED = "_skipped"
 LOSS_SCALE = "precision/loss_scale"
+_SAME_ON_EVERY_REPLICA = (APPLIED, SKIPPED, LOSS_SCALE)
 
 
 class CompiledSteps:
@@ -80,12 +79,29 @@ class CompiledSteps:
         return tf.transpose(values.stack())
 
     def _replicated_step(self, batch: Any) -> dict[str, tf.Tensor]:
-        per_replica = self._strategy.run(self._step_fn, args=(batch,))
-        reduced = {}
+        if self._strategy.num_replicas_in_sync == 1:
+            outputs = self._strategy.run(self._step_fn, args=(batch,))
+            return {key: self._strategy.experimental_local_results(outputs[key])[0] for key in self._keys}
+        per_replica = self._strategy.run(self._weighted_step, args=(batch,))
+        examples = self._strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica[BATCH_SIZE], axis=None)
+        reduced = {BATCH_SIZE: examples}
         for key in self._keys:
-            how = tf.distribute.ReduceOp.SUM if key == BATCH_SIZE else tf.distribute.ReduceOp.MEAN
-            reduced[key] = self._strategy.reduce(how, per_replica[key], axis=None)
+            if key in _SAME_ON_EVERY_REPLICA:
+                reduced[key] = self._strategy.experimental_local_results(per_replica[key])[0]
+            elif key != BATCH_SIZE:
+                total = self._strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica[key], axis=None)
+                reduced[key] = total / tf.maximum(examples, 1.0)
         return reduced
+
+    def _weighted_step(self, batch: Any) -> dict[str, tf.Tensor]:
+        """The step's values times the replica's batch size, so the sum over replicas gives exact means.
+
+        A replica may get fewer examples, or none, from the last batch of an evaluation set.
+        """
+        outputs = self._step_fn(batch)
+        size = outputs[BATCH_SIZE]
+        return {key: value if key in _SAME_ON_EVERY_REPLICA or key == BATCH_SIZE else
+                tf.where(size > 0, value * size, 0.0) for key, value in outputs.items()}
 
 
 def discover_outputs(step_fn: Callable[[Any], dict], element_spec: Any) -> list[str]:
@@ -141,125 +157,6 @@ def check_loss(loss: Any, hook: str) -> tf.Tensor:
             "Cast it, e.g. keras.ops.cast(loss, 'float32')."
         )
     return tensor
-
-
-class TrainStep:
-    """The training step of one batch: loss, gradients, accumulation, clipping, optimizer update.
-
-    Gradients of `accumulate_grad_batches` batches are averaged before one update; clipping
-    (by global norm) acts on the unscaled, averaged gradients.
-
-    Args:
-        module: The user's Module (its `model` already built).
-        optimizer: The optimizer, built on the model's trainable variables.
-        precision: The precision plugin.
-        gradient_clip_val: Clip the global gradient norm to this value; None: no clipping.
-        accumulate_grad_batches: Batches per optimizer update.
-    """
-
-    def __init__(self, module: Any, optimizer: Any, precision: Any, *,
-                 gradient_clip_val: float | None, accumulate_grad_batches: int) -> None:
-        self.module = module
-        self.optimizer = optimizer
-        self.precision = precision
-        self.clip = gradient_clip_val
-        self.accumulate = accumulate_grad_batches
-        self._sums = None
-        self._count = None
-
-    def build(self) -> None:
-        """Create the accumulation variables (call inside the strategy scope, after the model exists)."""
-        if self.accumulate > 1:
-            variables = self.module.model.trainable_variables
-            self._sums = [tf.Variable(tf.zeros_like(v), trainable=False) for v in variables]
-            self._count = tf.Variable(0, dtype=tf.int64, trainable=False)
-
-    def forward(self, batch: Any) -> dict[str, tf.Tensor]:
-        """Loss and logs of a batch, without gradients (used to discover the outputs)."""
-        _, logs = self._loss_and_logs(batch)
-        flag = tf.constant(0.0)
-        return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: flag, SKIPPED: flag}
-
-    def __call__(self, batch: Any) -> dict[str, tf.Tensor]:
-        """One training step on one (per-replica) batch."""
-        variables = self.module.model.trainable_variables
-        with tf.GradientTape() as tape:
-            loss, logs = self._loss_and_logs(batch)
-            scaled = self.precision.scale_loss(loss, self.optimizer)
-        gradients = tape.gradient(scaled, variables)
-        gradients = self.precision.unscale_gradients(gradients, self.optimizer)
-        if self.accumulate == 1:
-            applied, skipped = tf.constant(1.0), self._apply(gradients)
-        else:
-            applied, skipped = self._accumulate(gradients)
-        return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: applied,
-                SKIPPED: skipped}
-
-    def flush(self) -> tuple[bool, bool]:
-        """Apply the gradients accumulated so far (at epoch end).
-
-        Returns:
-            (stepped, skipped): whether an optimizer step was taken, and whether it was skipped
-            for non-finite gradients.
-        """
-        if self.accumulate == 1 or int(self._count.numpy()) == 0:
-            return False, False
-        return True, bool(self._flush_function().numpy())
-
-    @tf.function
-    def _flush_function(self) -> tf.Tensor:
-        skipped = self._apply([s / tf.cast(self._count, s.dtype) for s in self._sums])
-        self._reset_sums()
-        return skipped
-
-    def _loss_and_logs(self, batch: Any) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        self.module._stage = "train"
-        self.module._take_logged()
-        loss = check_loss(self.module.training_step(batch), "training_step")
-        self.module.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        return loss, scalar_logs(self.module._take_logged(), "training_step")
-
-    def _precision_logs(self) -> dict[str, tf.Tensor]:
-        scale = self.precision.loss_scale(self.optimizer)
-        if scale is None:
-            return {}
-        self.module._log_options[LOSS_SCALE] = LogOptions(on_step=True, on_epoch=False, prog_bar=True)
-        return {LOSS_SCALE: tf.cast(tf.convert_to_tensor(scale), tf.float32)}
-
-    def _accumulate(self, gradients: list) -> tuple[tf.Tensor, tf.Tensor]:
-        for total, gradient in zip(self._sums, gradients, strict=True):
-            if gradient is not None:
-                total.assign_add(tf.convert_to_tensor(gradient))
-        self._count.assign_add(1)
-
-        def apply_mean():
-            skipped = self._apply([s / tf.cast(self.accumulate, s.dtype) for s in self._sums])
-            self._reset_sums()
-            return tf.constant(1.0), skipped
-
-        return tf.cond(self._count >= self.accumulate, apply_mean, lambda: (tf.constant(0.0), tf.constant(0.0)))
-
-    def _reset_sums(self) -> None:
-        for total in self._sums:
-            total.assign(tf.zeros_like(total))
-        self._count.assign(0)
-
-    def _apply(self, gradients: list) -> tf.Tensor:
-        """Clip and apply through the precision plugin; returns 1.0 if the step was skipped."""
-        variables = self.module.model.trainable_variables
-        pairs = [(g, v) for g, v in zip(gradients, variables, strict=True) if g is not None]
-        if not pairs:
-            raise ValueError(
-                "No gradient reaches any trainable variable: the loss returned by training_step "
-                "does not depend on self.model's weights. Compute the loss from self.model(...)."
-            )
-
-        def update(optimizer, grads):
-            if self.clip is not None:
-                grads, _ = tf.clip_by_global_norm(grads, self.clip)
-            optimizer.apply(grads, [v for _, v in pairs])
-
-        return tf.cast(self.precision.apply(self.optimizer, update, [g for g, _ in pairs]), tf.float32)
 
 
 class EvalStep:

@@ -12,10 +12,12 @@ from typing import Any
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from ktrainer.callbacks import Callback, LearningRateMonitor, ProgressBar
+from ktrainer.callbacks.lr_monitor import current_learning_rate
 from ktrainer.data import BatchSource
-from ktrainer.errors import check_count_or_fraction, check_int, check_module_hooks
+from ktrainer.errors import check_choice, check_count_or_fraction, check_int, check_module_hooks
 from ktrainer.loggers import Logger, TensorBoardLogger
 from ktrainer.metrics import EpochMetrics
 from ktrainer.module import Module
@@ -23,18 +25,10 @@ from ktrainer.precision import LayerPrecision, resolve_precision
 from ktrainer.precision.advice import hardware_advice
 from ktrainer.precision.report import check_output_dtype, keep_float32, log_report, precision_report
 from ktrainer.state import TrainerState
-from ktrainer.step import (
-    APPLIED,
-    LOSS_SCALE,
-    SKIPPED,
-    CompiledSteps,
-    EvalStep,
-    TrainStep,
-    compile_predict_step,
-    discover_outputs,
-)
-from ktrainer.strategies import resolve_strategy
+from ktrainer.step import APPLIED, LOSS_SCALE, SKIPPED, CompiledSteps, EvalStep, compile_predict_step, discover_outputs
+from ktrainer.strategies import LR_SCALINGS, per_replica_mean_losses, plan_devices, scale_learning_rate
 from ktrainer.strategies.hardware import visible_accelerators
+from ktrainer.train_step import TrainStep
 
 __all__ = ["Trainer"]
 
@@ -58,7 +52,13 @@ class Trainer:
             (alias "64"), or a `Precision` plugin such as `MixedPrecision("16-mixed", initial_scale=...)`.
         float32_layers: Layer classes or names that compute in float32 whatever the precision
             (e.g. `[keras.layers.BatchNormalization]`), when accuracy suffers without NaN.
-        devices: 1 (or "auto").
+        accelerator: "auto" (TPU if present, else GPU, else CPU), "cpu", "gpu" or "tpu".
+        devices: "auto" (every GPU, else one CPU), a count, or a list of device indices. On a machine
+            without GPUs, `devices=N` splits the CPU into N logical devices.
+        strategy: "auto", "one_device", "mirrored", "multi_worker", "tpu", or a tf.distribute.Strategy.
+        num_nodes: Worker processes; more than 1 (or a TF_CONFIG cluster) uses MultiWorkerMirroredStrategy.
+        lr_scaling: None (never change the learning rate), "sqrt" or "linear": scale the rate written
+            for one replica by the square root of, or by, the number of replicas.
         limit_train_batches: Batches per training epoch: an int, or a float fraction of the epoch.
         limit_val_batches: Batches per validation: an int (0 turns validation off) or a fraction.
         val_check_interval: Validate every N training batches (int) or every fraction of an
@@ -91,7 +91,11 @@ class Trainer:
         batch_size: int = 32,
         precision: Any = "32-true",
         float32_layers: Sequence[type | str] | None = None,
-        devices: Any = 1,
+        accelerator: str = "auto",
+        devices: Any = "auto",
+        strategy: Any = "auto",
+        num_nodes: int = 1,
+        lr_scaling: str | None = None,
         limit_train_batches: int | float | None = None,
         limit_val_batches: int | float | None = None,
         val_check_interval: int | float | None = None,
@@ -119,8 +123,8 @@ class Trainer:
         for selector in self.float32_layers:
             if not isinstance(selector, str | type):
                 raise ValueError(f"float32_layers takes layer classes or layer names, got {selector!r}.")
-        self.devices = devices
-        resolve_strategy(devices)
+        self.lr_scaling = check_choice("lr_scaling", lr_scaling, LR_SCALINGS)
+        self.plan = plan_devices(accelerator, devices, strategy, num_nodes)
         self.limit_train_batches = _optional(check_count_or_fraction, "limit_train_batches", limit_train_batches)
         self.limit_val_batches = _optional(check_count_or_fraction, "limit_val_batches", limit_val_batches,
                                            allow_zero=True)
@@ -161,7 +165,8 @@ class Trainer:
         self.num_training_batches: int | None = None
         self.skipped_steps = 0
         self.optimizer: keras.optimizers.Optimizer | None = None
-        self.strategy = None
+        self.strategy: tf.distribute.Strategy | None = None
+        self.lr_factor = 1.0
         self._module: Module | None = None
         self.state = TrainerState()
         self._shuffle_seed = self.seed if self.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
@@ -172,6 +177,11 @@ class Trainer:
     def logger(self) -> Logger | None:
         """The first logger, or None."""
         return self.loggers[0] if self.loggers else None
+
+    @property
+    def is_global_zero(self) -> bool:
+        """True in the process that writes logs and checkpoints (the chief; always with one process)."""
+        return self.plan.is_chief
 
     @property
     def global_batch_size(self) -> int:
@@ -217,7 +227,7 @@ class Trainer:
                 val = self._source(val_data, module.val_data, "val_data", training=False, required=False)
             self._build(module, with_optimizer=True)
             self.num_training_batches = self._epoch_length(train, self.limit_train_batches)
-            train_step = TrainStep(module, self.optimizer, self.precision,
+            train_step = TrainStep(module, self.optimizer, self.precision, self.strategy,
                                    gradient_clip_val=self.gradient_clip_val,
                                    accumulate_grad_batches=self.accumulate_grad_batches)
             with self.strategy.scope():
@@ -227,8 +237,7 @@ class Trainer:
             train_runner = CompiledSteps(train_step, self.strategy, keys)
             val_runner = self._eval_runner(module, val, "validation_step", "val") if val else None
             self._val_batches = self._epoch_length(val, self.limit_val_batches) if val else None
-            log.info("Global batch %d (%d per device x %d replicas).", self.global_batch_size,
-                     self.batch_size, self.strategy.num_replicas_in_sync)
+            self._log_batch_and_rate(train)
             self._log_hyperparameters(module)
             self._call("on_fit_start", module)
             while not self._finished():
@@ -286,7 +295,7 @@ class Trainer:
         step = self.global_step if step is None else step
         self.logged_metrics.update(metrics)
         self.callback_metrics.update(metrics)
-        for each in self.loggers:
+        for each in self._writing_loggers():
             each.log_metrics({**metrics, "epoch": self.current_epoch}, step)
 
     # ----- the training loop ------------------------------------------------------------
@@ -358,7 +367,7 @@ class Trainer:
         self._remember(metrics.epoch_metrics(), metrics)
         module.on_train_epoch_end()
         self._call("on_train_epoch_end", module)
-        for each in self.loggers:
+        for each in self._writing_loggers():
             each.flush()
         train.end_epoch()
         if epoch_ended:
@@ -461,8 +470,11 @@ class Trainer:
         module.trainer = self
         self._module = module
         status = "success"
+        stack = contextlib.ExitStack()
         try:
-            self.strategy = resolve_strategy(self.devices)
+            stack.enter_context(per_replica_mean_losses())
+            if self.strategy is None:
+                self.strategy = self.plan.make_strategy()
             if stage == "fit":
                 self.precision.reset()
                 if self.seed is not None:
@@ -477,7 +489,7 @@ class Trainer:
             raise
         finally:
             try:
-                for each in self.loggers:
+                for each in self._writing_loggers():
                     if status == "success":
                         each.finalize(status)
                     else:
@@ -486,6 +498,7 @@ class Trainer:
                     _quietly(callback.teardown, self, module, stage)
                 _quietly(module.teardown, stage)
             finally:
+                stack.close()
                 keras.config.set_dtype_policy(previous_policy)
                 self.state.stage = ""
 
@@ -512,6 +525,8 @@ class Trainer:
                         "keras.optimizers.Adam(1e-3)."
                     )
                 self.optimizer = self.precision.wrap_optimizer(optimizer)
+                self.lr_factor = scale_learning_rate(self.optimizer, self.lr_scaling,
+                                                     self.strategy.num_replicas_in_sync)
         check_output_dtype(module.model, self.precision.name, self.precision.compute_dtype)
         log_report(precision_report(module.model), self.precision.name, self.precision.policy)
         if with_optimizer:
@@ -527,8 +542,8 @@ class Trainer:
                     f"or return it from the module's {what.split()[0]}() hook."
                 )
             return None
-        source = BatchSource(data, self.global_batch_size, shuffle=training, seed=self._shuffle_seed,
-                             what=what)
+        source = BatchSource(data, self.global_batch_size, shuffle=training, seed=self._shuffle_seed, what=what,
+                             drop_remainder=training and self.strategy.num_replicas_in_sync > 1)
         if training and source.is_infinite and not isinstance(self.limit_train_batches, int):
             raise ValueError(
                 f"{what} repeats forever, so an epoch never ends. Set limit_train_batches=N "
@@ -551,8 +566,21 @@ class Trainer:
 
     def _log_hyperparameters(self, module: Module) -> None:
         if module.hparams:
-            for each in self.loggers:
+            for each in self._writing_loggers():
                 each.log_hyperparams(module.hparams)
+
+    def _log_batch_and_rate(self, train: BatchSource) -> None:
+        replicas = self.strategy.num_replicas_in_sync
+        log.info("Global batch %d (%d per device x %d replicas).", self.global_batch_size, self.batch_size, replicas)
+        if train.drop_remainder:
+            log.info("With %d replicas the last incomplete training batch of each epoch is dropped, so every "
+                     "replica gets %d examples per step.", replicas, self.batch_size)
+        if replicas > 1 and self.lr_scaling is None:
+            log.info("The global batch is %dx the per-device batch; the learning rate is unchanged. "
+                     "Trainer(lr_scaling='sqrt' or 'linear') scales it with the replica count.", replicas)
+        elif self.lr_factor != 1.0:
+            log.info("lr_scaling=%r: learning rate x %.4g for %d replicas (now %.6g).", self.lr_scaling,
+                     self.lr_factor, replicas, current_learning_rate(self.optimizer))
 
     def _remember(self, values: dict[str, float], metrics: EpochMetrics) -> None:
         """Keep the latest values for callbacks (under the logged and the plain names) and the bar."""
@@ -564,6 +592,9 @@ class Trainer:
         for name in shown & set(values):
             label = "loss" if name == "train/loss_step" else name
             self.progress_bar_metrics[label] = values[name]
+
+    def _writing_loggers(self) -> list[Logger]:
+        return self.loggers if self.is_global_zero else []
 
     def _call(self, hook: str, module: Module, *args: Any) -> None:
         for callback in self.callbacks:

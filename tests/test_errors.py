@@ -14,7 +14,12 @@ from tests.helpers import Classifier, Regressor, read_scalars, regression_data
     ("kwargs", "match"),
     [
         ({"precision": "16"}, r"precision='16' is not supported\. Use one of: '32-true', '32'"),
-        ({"devices": 4}, "devices=4 is not supported"),
+        ({"devices": 4}, "needs 4 logical CPU devices, but TensorFlow has already initialized its devices with 1"),
+        ({"devices": 0}, "devices=0 must be >= 1"),
+        ({"devices": [0, 0]}, r"devices=\[0, 0\] repeats an index"),
+        ({"accelerator": "gpu"}, "accelerator='gpu', but TensorFlow sees no GPU"),
+        ({"strategy": "one_device", "num_nodes": 2}, "strategy='one_device' cannot run on num_nodes=2"),
+        ({"lr_scaling": "square"}, "lr_scaling='square' is not supported. Use one of: None, 'sqrt', 'linear'"),
         ({"max_epochs": 0}, "max_epochs must be an int >= 1"),
         ({"batch_size": 0}, "batch_size must be an int >= 1"),
         ({"batch_size": 2.5}, "batch_size must be an int >= 1"),

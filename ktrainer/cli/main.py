@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from ktrainer.cli import compare_precision, demo, fit
+from ktrainer.cli import compare_precision, demo, fit, launch
 
 __all__ = ["main", "build_parser"]
 
@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(commands)
     fit.add_parser(commands)
     compare_precision.add_parser(commands)
+    launch.add_parser(commands)
     return parser
 
 

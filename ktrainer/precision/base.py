@@ -48,16 +48,23 @@ class Precision:
         """Return the true gradients from those of the scaled loss (unchanged here)."""
         return gradients
 
-    def apply(self, optimizer: Any, update: Callable[[Any, list], None], gradients: list) -> Any:
-        """Apply the update and return 1.0 if the step was skipped, else 0.0 (never skipped here).
+    def apply(self, optimizer: Any, apply: Callable[[], None], finite: Any) -> Any:
+        """Run the update (in the cross-replica context) and return 1.0 if it was skipped, else 0.0.
+
+        Here the update always runs: without loss scaling a non-finite gradient is the model's
+        own result, as in plain training.
 
         Args:
             optimizer: The optimizer returned by `wrap_optimizer`.
-            update: `update(optimizer_to_step, gradients)`: clips and applies the gradients.
-            gradients: The unscaled gradients.
+            apply: Runs the update on every replica.
+            finite: A boolean tensor: every gradient is finite on every replica.
         """
-        update(optimizer, gradients)
+        apply()
         return keras.ops.convert_to_tensor(0.0, "float32")
+
+    def optimizer_to_step(self, optimizer: Any) -> Any:
+        """The optimizer whose `apply` receives the (already unscaled) gradients."""
+        return optimizer
 
     def loss_scale(self, optimizer: Any) -> Any:
         """The current loss scale as a tensor, or None when the precision does not scale the loss."""

@@ -12,7 +12,7 @@ import numpy as np
 
 from ktrainer.errors import check_choice, check_int
 from ktrainer.precision.base import Precision
-from ktrainer.precision.loss_scale import skip_or_apply
+from ktrainer.precision.loss_scale import apply_or_skip
 
 __all__ = ["MixedPrecision", "TrainingStalledError"]
 
@@ -78,11 +78,15 @@ class MixedPrecision(Precision):
             return gradients
         return [None if g is None else g / keras.ops.cast(optimizer.dynamic_scale, g.dtype) for g in gradients]
 
-    def apply(self, optimizer: Any, update: Callable[[Any, list], None], gradients: list) -> Any:
-        """Apply finite gradients, skip non-finite ones (on every replica), and move the scale."""
+    def apply(self, optimizer: Any, apply: Callable[[], None], finite: Any) -> Any:
+        """Apply when every gradient is finite on every replica, else skip; move the scale either way."""
         if not self.loss_scaling:
-            return super().apply(optimizer, update, gradients)
-        return skip_or_apply(optimizer, update, gradients)
+            return super().apply(optimizer, apply, finite)
+        return apply_or_skip(optimizer, apply, finite)
+
+    def optimizer_to_step(self, optimizer: Any) -> Any:
+        """The inner optimizer under "16-mixed": the gradients reaching it are already unscaled."""
+        return optimizer.inner_optimizer if self.loss_scaling else optimizer
 
     def loss_scale(self, optimizer: Any) -> Any:
         """The current loss scale ("16-mixed"), else None."""

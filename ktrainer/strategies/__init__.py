@@ -1,27 +1,7 @@
-"""Devices -> a tf.distribute strategy."""
+"""Devices -> a tf.distribute strategy; global batch and learning-rate scaling across replicas."""
 
-from __future__ import annotations
+from ktrainer.strategies.loss_reduction import per_replica_mean_losses
+from ktrainer.strategies.lr_scaling import LR_SCALINGS, scale_learning_rate
+from ktrainer.strategies.plan import DevicePlan, plan_devices
 
-from typing import Any
-
-import tensorflow as tf
-
-from ktrainer.errors import check_choice
-
-__all__ = ["resolve_strategy"]
-
-
-def resolve_strategy(devices: Any) -> tf.distribute.Strategy:
-    """Return the strategy that runs the module on `devices`.
-
-    Args:
-        devices: The Trainer's `devices` argument; 1 (or "auto") for now.
-
-    Returns:
-        TensorFlow's default strategy (one device).
-
-    Raises:
-        ValueError: For any other value, naming what is supported.
-    """
-    check_choice("devices", devices, (1, "auto"))
-    return tf.distribute.get_strategy()
+__all__ = ["DevicePlan", "plan_devices", "scale_learning_rate", "LR_SCALINGS", "per_replica_mean_losses"]

@@ -1,0 +1,65 @@
+"""`ktrainer launch --nodes N -- COMMAND...`: N local worker processes with TF_CONFIG on free 127.0.0.1 ports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+__all__ = ["add_parser", "local_cluster"]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def local_cluster(nodes: int) -> list[str]:
+    """The TF_CONFIG of each of `nodes` workers on 127.0.0.1, each on a free port."""
+    workers = [f"127.0.0.1:{_free_port()}" for _ in range(nodes)]
+    return [json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+            for index in range(nodes)]
+
+
+def add_parser(commands: Any) -> None:
+    """Register the `launch` command."""
+    parser = commands.add_parser(
+        "launch", help="run a command as N local workers of one multi-worker job (for trying it out, and tests)",
+        description="Start COMMAND once per node, each with a TF_CONFIG naming all of them on 127.0.0.1, wait "
+                    "for all, and exit with the first failure's status. Worker 0 is the chief. Example: "
+                    "ktrainer launch --nodes 2 -- ktrainer fit my.py:Module --max-steps 100")
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the workers and wait for them; stop the others when one fails."""
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise ValueError("launch needs a command after --, e.g. ktrainer launch --nodes 2 -- ktrainer fit m.py:M")
+    if args.nodes < 1:
+        raise ValueError(f"--nodes must be >= 1, got {args.nodes}.")
+    processes = [subprocess.Popen(command, env={**os.environ, "TF_CONFIG": config})
+                 for config in local_cluster(args.nodes)]
+    status = 0
+    try:
+        for process in processes:
+            code = process.wait()
+            if code != 0 and status == 0:
+                status = code
+                for other in processes:
+                    if other.poll() is None:
+                        other.terminate()
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    if status:
+        print(f"ktrainer launch: a worker failed with status {status}", file=sys.stderr)
+    return status

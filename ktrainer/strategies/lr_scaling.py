@@ -1,0 +1,62 @@
+"""Learning-rate scaling with the replica count: none, square root or linear."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+
+__all__ = ["scale_learning_rate", "ScaledSchedule", "LR_SCALINGS"]
+
+LR_SCALINGS = (None, "sqrt", "linear")
+
+
+@keras.saving.register_keras_serializable(package="ktrainer")
+class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A learning-rate schedule multiplied by a constant factor.
+
+    Args:
+        schedule: The user's schedule.
+        factor: The multiplier.
+    """
+
+    def __init__(self, schedule: keras.optimizers.schedules.LearningRateSchedule, factor: float) -> None:
+        self.schedule = schedule
+        self.factor = float(factor)
+
+    def __call__(self, step: Any) -> Any:
+        """The scaled rate at `step`."""
+        return self.schedule(step) * self.factor
+
+    def get_config(self) -> dict:
+        """Serializable config."""
+        return {"schedule": keras.saving.serialize_keras_object(self.schedule), "factor": self.factor}
+
+    @classmethod
+    def from_config(cls, config: dict) -> ScaledSchedule:
+        """Rebuild from `get_config`."""
+        return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["factor"])
+
+
+def scale_learning_rate(optimizer: Any, scaling: str | None, replicas: int) -> float:
+    """Multiply the optimizer's learning rate (a float or a schedule) for `replicas` replicas.
+
+    Args:
+        optimizer: The optimizer (a LossScaleOptimizer's inner optimizer is scaled).
+        scaling: None (no change), "sqrt" (x sqrt(replicas)) or "linear" (x replicas).
+        replicas: Replicas in sync, all workers included.
+
+    Returns:
+        The factor applied.
+    """
+    factor = {None: 1.0, "sqrt": math.sqrt(replicas), "linear": float(replicas)}[scaling]
+    if factor == 1.0:
+        return factor
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    rate = inner._learning_rate
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        inner.learning_rate = ScaledSchedule(rate, factor)
+    else:
+        inner.learning_rate = float(keras.ops.convert_to_numpy(rate)) * factor
+    return factor

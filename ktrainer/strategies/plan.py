@@ -1,0 +1,166 @@
+"""accelerator / devices / strategy / num_nodes -> a checked plan, and the tf.distribute strategy it makes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from ktrainer.errors import check_choice, check_int
+
+__all__ = ["DevicePlan", "plan_devices"]
+
+log = logging.getLogger("ktrainer")
+
+ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Where a run executes.
+
+    Attributes:
+        accelerator: "cpu", "gpu" or "tpu".
+        devices: Device names in this process, e.g. ("/gpu:0", "/gpu:1").
+        strategy: "one_device", "mirrored", "multi_worker" or "tpu" (or "custom").
+        num_nodes: Worker processes (1 unless multi-worker).
+        custom: A user-given tf.distribute.Strategy, used as it is.
+    """
+
+    accelerator: str
+    devices: tuple[str, ...]
+    strategy: str
+    num_nodes: int = 1
+    custom: Any = None
+
+    @property
+    def is_chief(self) -> bool:
+        """True in the process that writes logs and checkpoints: the chief, else worker 0 (one process: True)."""
+        if self.strategy != "multi_worker":
+            return True
+        task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+        if "chief" in _cluster():
+            return task.get("type") == "chief"
+        return task.get("type", "worker") == "worker" and task.get("index", 0) == 0
+
+    def make_strategy(self) -> tf.distribute.Strategy:
+        """Create the tf.distribute strategy of this plan."""
+        if self.custom is not None:
+            return self.custom
+        if self.strategy == "one_device":
+            return tf.distribute.OneDeviceStrategy(self.devices[0])
+        if self.strategy == "mirrored":
+            # On logical CPUs, collective all-reduce keys clash between two strategies of different sizes
+            # in one process; reducing through one device has no such state and costs nothing there.
+            cross = tf.distribute.ReductionToOneDevice() if self.accelerator == "cpu" else None
+            return tf.distribute.MirroredStrategy(list(self.devices), cross_device_ops=cross)
+        if self.strategy == "multi_worker":
+            return tf.distribute.MultiWorkerMirroredStrategy()
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+
+
+def _cluster() -> dict:
+    return json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+
+
+def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any = "auto",
+                 num_nodes: int = 1) -> DevicePlan:
+    """Check the Trainer's device arguments against the machine and return the plan.
+
+    With `devices=N` and no GPU, the CPU is split into N logical devices (this must happen
+    before TensorFlow initializes its devices; see the error raised otherwise).
+
+    Raises:
+        ValueError: For values that are wrong, conflict with each other, or ask for more devices
+            than are visible (the message names what is visible).
+    """
+    check_choice("accelerator", accelerator, ACCELERATORS)
+    check_int("num_nodes", num_nodes, minimum=1)
+    if isinstance(strategy, tf.distribute.Strategy):
+        return DevicePlan("custom", (), "custom", num_nodes, custom=strategy)
+    check_choice("strategy", strategy, STRATEGIES)
+    multi_worker = strategy == "multi_worker" or num_nodes > 1 or (strategy == "auto" and "TF_CONFIG" in os.environ
+                                                                   and len(_cluster_tasks()) > 1)
+    gpus = tf.config.list_physical_devices("GPU")
+    tpus = tf.config.list_physical_devices("TPU")
+    if accelerator == "auto":
+        accelerator = "tpu" if tpus else "gpu" if gpus else "cpu"
+    if accelerator == "gpu" and not gpus:
+        raise ValueError("accelerator='gpu', but TensorFlow sees no GPU. Use accelerator='cpu' (or 'auto').")
+    if (accelerator == "tpu" or strategy == "tpu") and not tpus:
+        raise ValueError("accelerator/strategy 'tpu', but TensorFlow sees no TPU. Use accelerator='auto'.")
+    if accelerator == "tpu" or strategy == "tpu":
+        return DevicePlan("tpu", (), "tpu")
+    if multi_worker:
+        if strategy not in ("auto", "multi_worker"):
+            raise ValueError(f"strategy={strategy!r} cannot run on num_nodes={num_nodes} nodes (or a TF_CONFIG "
+                             "cluster); use strategy='multi_worker' or 'auto'.")
+        return DevicePlan(accelerator, (), "multi_worker", max(num_nodes, len(_cluster_tasks())))
+    indices = _device_indices(devices, accelerator, len(gpus))
+    if accelerator == "gpu":
+        names = tuple(f"/gpu:{i}" for i in indices)
+    else:
+        names = tuple(f"/cpu:{i}" for i in indices)
+        _split_cpu(max(indices) + 1, devices)
+    if strategy == "one_device" and len(names) > 1:
+        raise ValueError(f"strategy='one_device' conflicts with devices={devices!r} ({len(names)} devices). "
+                         "Use strategy='mirrored' (or 'auto'), or devices=1.")
+    chosen = strategy if strategy != "auto" else ("mirrored" if len(names) > 1 else "one_device")
+    return DevicePlan(accelerator, names, chosen)
+
+
+def _cluster_tasks() -> list:
+    return [task for tasks in _cluster().values() for task in tasks]
+
+
+def _device_indices(devices: Any, accelerator: str, gpu_count: int) -> list[int]:
+    visible = gpu_count if accelerator == "gpu" else None
+    if devices == "auto":
+        return list(range(gpu_count)) if accelerator == "gpu" else [0]
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        indices = list(devices)
+        if not indices or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
+            raise ValueError(f"devices={devices!r}: a list of devices must hold indices >= 0, e.g. [0, 1].")
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"devices={devices!r} repeats an index; list each device once.")
+    elif isinstance(devices, int) and not isinstance(devices, bool):
+        if devices < 1:
+            raise ValueError(f"devices={devices} must be >= 1 (or 'auto', or a list of indices).")
+        indices = list(range(devices))
+    else:
+        raise ValueError(f"devices must be 'auto', an int >= 1 or a list of indices, got {devices!r}.")
+    if visible is not None and max(indices) >= visible:
+        raise ValueError(f"devices={devices!r} asks for GPU index {max(indices)}, but only {visible} GPU(s) are "
+                         f"visible (indices 0..{visible - 1}). Check CUDA_VISIBLE_DEVICES.")
+    return indices
+
+
+def _split_cpu(count: int, asked: Any) -> None:
+    """Make `count` logical CPU devices (only possible before TensorFlow initializes its devices)."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is not None and len(current) >= count:
+        return
+    if count == 1 and current is None:
+        return
+    try:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+    except RuntimeError as error:
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have >= count:
+            return
+        raise ValueError(
+            f"devices={asked!r} on a CPU needs {count} logical CPU devices, but TensorFlow has already initialized "
+            f"its devices with {have}. Create the Trainer before creating any tensor or tf.data.Dataset (e.g. "
+            "build datasets in the module's train_data() hook, not at import time), or run in a fresh process."
+        ) from error
+    log.info("Split the CPU into %d logical devices for devices=%d.", count, count)
