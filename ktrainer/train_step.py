@@ -150,6 +150,9 @@ class TrainStep:
 
     def _decide(self, local_gradients: list, due: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Take the update decision once for all replicas; returns (applied, skipped) flags."""
+        if self.accumulate == 1 and not self.precision.loss_scaling:
+            self._apply_on_replica(local_gradients)  # nothing to decide: the plain, fastest path
+            return tf.constant(1.0), tf.constant(0.0)
         finite = self._all_finite(local_gradients)
         context = tf.distribute.get_replica_context()
         skipped = context.merge_call(self._update_all_replicas, args=(local_gradients, due, finite))
