@@ -72,6 +72,16 @@ class EpochMetrics:
                 metrics[epoch_name] = total / self._examples
         return metrics
 
+    def state_dict(self) -> dict:
+        """The running sums (for a checkpoint taken mid-epoch)."""
+        return {"sums": dict(self._sums), "examples": self._examples, "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state_dict`'s sums."""
+        self._sums = dict(state["sums"])
+        self._examples = float(state["examples"])
+        self.steps = int(state["steps"])
+
     def prog_bar_names(self) -> set[str]:
         """Names, as logged per step, of the values shown in the progress bar."""
         if self._shown is None:

@@ -17,6 +17,7 @@ class TrainerState:
         first_batch_of_epoch: The batch the current epoch started (or resumed) at.
         at_epoch_end: True while the epoch-end validation and hooks run.
         validated_this_epoch: True once the current epoch ran a validation at its end.
+        epoch_ended: True once the current epoch's data is consumed (not stopped early by max_steps).
         logged_step_in_last_execution: True when the last execution reached a log step.
     """
 
@@ -25,4 +26,5 @@ class TrainerState:
     first_batch_of_epoch: int = 0
     at_epoch_end: bool = False
     validated_this_epoch: bool = False
+    epoch_ended: bool = False
     logged_step_in_last_execution: bool = False

@@ -14,8 +14,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ktrainer.callbacks import Callback, LearningRateMonitor, ProgressBar
+from ktrainer.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar
 from ktrainer.callbacks.lr_monitor import current_learning_rate
+from ktrainer.checkpoint.resume import capture_trainer_state, find_checkpoint, resume, versions
+from ktrainer.checkpoint.state import TrainingState
 from ktrainer.data import BatchSource
 from ktrainer.errors import check_choice, check_count_or_fraction, check_int, check_module_hooks
 from ktrainer.loggers import Logger, TensorBoardLogger
@@ -152,7 +154,8 @@ class Trainer:
             self.val_check_interval, self.check_val_every_n_epoch = None, 1
             logger, self.enable_checkpointing = False, False
         self.loggers = _resolve_loggers(logger)
-        self.callbacks = _default_callbacks(callbacks, enable_progress_bar, bool(self.loggers))
+        self.callbacks = _default_callbacks(callbacks, enable_progress_bar, bool(self.loggers),
+                                            self.enable_checkpointing)
         for each in self.loggers:
             each.attach(self.default_root_dir, self.storage_options)
 
@@ -169,6 +172,8 @@ class Trainer:
         self.lr_factor = 1.0
         self._module: Module | None = None
         self.state = TrainerState()
+        self._epoch_metrics: EpochMetrics | None = None
+        self._resumed_epoch_metrics: dict | None = None
         self._shuffle_seed = self.seed if self.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
 
     # ----- public API -----------------------------------------------------------------
@@ -177,6 +182,11 @@ class Trainer:
     def logger(self) -> Logger | None:
         """The first logger, or None."""
         return self.loggers[0] if self.loggers else None
+
+    @property
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
+        """The first ModelCheckpoint among the callbacks, or None."""
+        return next((c for c in self.callbacks if isinstance(c, ModelCheckpoint)), None)
 
     @property
     def is_global_zero(self) -> bool:
@@ -207,20 +217,24 @@ class Trainer:
                                "(or validate/test/predict), or pass the module.")
         return precision_report(module.model)
 
-    def fit(self, module: Module, train_data: Any = None, val_data: Any = None) -> None:
+    def fit(self, module: Module, train_data: Any = None, val_data: Any = None, ckpt_path: str | None = None) -> None:
         """Train `module`: build it, then run epochs of training (and validation) until a limit.
 
         Args:
             module: The Module to train.
             train_data: Training data; None: `module.train_data()`.
             val_data: Validation data; None: `module.val_data()` (None there: no validation).
+            ckpt_path: Resume from "last" or "best" (under the run's checkpoint directory) or a
+                checkpoint URI: the run continues as if it had never stopped.
 
         Raises:
             TypeError: If the module lacks a required hook.
-            ValueError: If there is no training data, or it is empty.
+            ValueError: If there is no training data, or it is empty, or the checkpoint does not fit.
+            CheckpointError: If `ckpt_path` names no valid checkpoint.
         """
         check_module_hooks(module, Module, ("build", "configure_optimizers", "training_step"))
         with self._run("fit", module):
+            checkpoint = find_checkpoint(self, ckpt_path) if ckpt_path is not None else None
             train = self._source(train_data, module.train_data, "train_data", training=True, required=True)
             val = None
             if self.limit_val_batches != 0:
@@ -234,6 +248,8 @@ class Trainer:
                 keys = discover_outputs(train_step.forward, train.epoch(0).element_spec)
                 self.optimizer.build(module.model.trainable_variables)
                 train_step.build()
+            if checkpoint is not None:
+                resume(self, module, *checkpoint)
             train_runner = CompiledSteps(train_step, self.strategy, keys)
             val_runner = self._eval_runner(module, val, "validation_step", "val") if val else None
             self._val_batches = self._epoch_length(val, self.limit_val_batches) if val else None
@@ -306,7 +322,10 @@ class Trainer:
         self.state.first_batch_of_epoch = self.state.batch_in_epoch
         module.on_train_epoch_start()
         self._call("on_train_epoch_start", module)
-        metrics = EpochMetrics(module._log_options)
+        metrics = self._epoch_metrics = EpochMetrics(module._log_options)
+        if self._resumed_epoch_metrics is not None:
+            metrics.load_state_dict(self._resumed_epoch_metrics)
+            self._resumed_epoch_metrics = None
         dataset = self.strategy.experimental_distribute_dataset(
             train.epoch(self.current_epoch, self.state.batch_in_epoch))
         iterator = iter(dataset)
@@ -356,6 +375,7 @@ class Trainer:
                 break
         epoch_ended = exhausted or (self.num_training_batches is not None
                                     and self.state.batch_in_epoch >= self.num_training_batches)
+        self.state.epoch_ended = epoch_ended
         if epoch_ended:
             stepped, skipped = train_step.flush()
             self.global_step += int(stepped)
@@ -593,6 +613,12 @@ class Trainer:
             label = "loss" if name == "train/loss_step" else name
             self.progress_bar_metrics[label] = values[name]
 
+    def _capture_state(self) -> TrainingState:
+        return capture_trainer_state(self)
+
+    def _versions(self) -> dict[str, str]:
+        return versions()
+
     def _writing_loggers(self) -> list[Logger]:
         return self.loggers if self.is_global_zero else []
 
@@ -627,12 +653,18 @@ def _resolve_loggers(logger: Any) -> list[Logger]:
     return loggers
 
 
-def _default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, has_logger: bool) -> list:
+def _default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, has_logger: bool,
+                       checkpointing: bool) -> list:
     given = list(callbacks or [])
     for each in given:
         if not isinstance(each, Callback):
             raise ValueError(f"callbacks must be ktrainer Callback instances; got {type(each).__name__}.")
+    has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in given)
+    if has_checkpoint and not checkpointing:
+        raise ValueError("callbacks holds a ModelCheckpoint but enable_checkpointing=False; drop one of the two.")
     defaults: list[Callback] = []
+    if checkpointing and not has_checkpoint:
+        defaults.append(ModelCheckpoint())
     if progress_bar and not any(isinstance(c, ProgressBar) for c in given):
         defaults.append(ProgressBar())
     if has_logger and not any(isinstance(c, LearningRateMonitor) for c in given):

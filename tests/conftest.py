@@ -10,6 +10,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _run_in_a_temporary_folder(tmp_path, monkeypatch):
+    """Tests that write to the default root (".") write into their own temporary folder."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def quiet() -> dict:
     """Trainer keyword arguments for a test: no progress bar, no logger."""

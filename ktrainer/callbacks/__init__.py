@@ -3,6 +3,7 @@
 from ktrainer.callbacks.callback import Callback
 from ktrainer.callbacks.early_stopping import EarlyStopping
 from ktrainer.callbacks.lr_monitor import LearningRateMonitor
+from ktrainer.callbacks.model_checkpoint import ModelCheckpoint
 from ktrainer.callbacks.progress_bar import ProgressBar
 
-__all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ProgressBar"]
+__all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar"]

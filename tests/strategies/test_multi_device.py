@@ -18,9 +18,9 @@ RUNNER = Path(__file__).with_name("multi_device_run.py")
 
 
 @pytest.fixture(scope="module")
-def results():
+def results(tmp_path_factory):
     done = subprocess.run([sys.executable, str(RUNNER)], capture_output=True, text=True, timeout=600,
-                          cwd=RUNNER.parents[2])
+                          cwd=tmp_path_factory.mktemp("multi_device"))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 

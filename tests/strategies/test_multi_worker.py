@@ -58,7 +58,8 @@ def test_two_workers_train_to_identical_weights_and_only_the_chief_writes(tmp_pa
     infos = [json.loads((out / f"info_{i}.json").read_text()) for i in range(2)]
     assert [i["chief"] for i in infos] == [True, False]
     assert all(i["global_batch"] == 16 and i["step"] == 12 for i in infos)
-    assert sorted(os.listdir(root)) == ["tensorboard"]
+    assert sorted(os.listdir(root)) == ["checkpoints", "tensorboard"]
+    assert os.listdir(root / "checkpoints") == ["step-00000012"]
     assert os.listdir(root / "tensorboard") == ["version_0"]
     events = [f for f in os.listdir(root / "tensorboard" / "version_0") if f.startswith("events.out.tfevents")]
     assert len(events) == 1  # one writer, the chief
