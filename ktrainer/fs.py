@@ -60,9 +60,9 @@ class Location:
         return sorted(os.path.basename(p.rstrip("/")) for p in fs.ls(self.path, detail=False))
 
     def write_bytes(self, name: str, data: bytes) -> None:
-        """Write a whole file under this location."""
-        with self.fs.open(f"{self.path.rstrip('/')}/{name}", "wb") as handle:
-            handle.write(data)
+        """Write a whole file under this location (one PUT on object stores), creating the directory."""
+        self.makedirs()
+        self.fs.pipe_file(f"{self.path.rstrip('/')}/{name}", data)
 
     def read_bytes(self, name: str) -> bytes:
         """Read a whole file under this location."""
@@ -71,6 +71,7 @@ class Location:
 
     def upload(self, local_file: str, name: str) -> None:
         """Copy a local file to `name` under this location."""
+        self.makedirs()
         self.fs.put_file(local_file, f"{self.path.rstrip('/')}/{name}")
 
     def __str__(self) -> str:

@@ -79,7 +79,7 @@ class Trainer:
         callbacks: Callbacks, called in the given order after the built-in ones.
         logger: True (a TensorBoardLogger), False/None, a Logger, or a list of Loggers.
         enable_progress_bar: Show the progress bar.
-        enable_checkpointing: Save checkpoints (they arrive with ModelCheckpoint).
+        enable_checkpointing: Add a default ModelCheckpoint (unless one is among the callbacks).
 
     Raises:
         ValueError: For any argument value that is not supported, naming the allowed ones.
@@ -613,8 +613,8 @@ class Trainer:
             label = "loss" if name == "train/loss_step" else name
             self.progress_bar_metrics[label] = values[name]
 
-    def _capture_state(self) -> TrainingState:
-        return capture_trainer_state(self)
+    def _capture_state(self, copy: bool = True) -> TrainingState:
+        return capture_trainer_state(self, copy=copy)
 
     def _versions(self) -> dict[str, str]:
         return versions()

@@ -145,7 +145,7 @@ class ModelCheckpoint(Callback):
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if math.isfinite(v)}
         self._last_saved_step, self._last_time = trainer.global_step, time.monotonic()
         self._rank(name, metrics)  # before the capture, so the checkpoint's own state knows itself
-        state = trainer._capture_state()
+        state = trainer._capture_state(copy=self.async_save)
         info = {"step": trainer.global_step, **state.trainer["progress"], "metrics": metrics,
                 "monitor": self.monitor, "mode": self.mode, "hparams": state.trainer.get("hparams", {}),
                 "versions": trainer._versions()}

@@ -25,8 +25,8 @@ def versions() -> dict[str, str]:
     return {"ktrainer": ktrainer.__version__, "keras": keras.__version__, "tensorflow": tf.__version__}
 
 
-def capture_trainer_state(trainer: Any) -> TrainingState:
-    """Copy everything needed to continue this run to host memory.
+def capture_trainer_state(trainer: Any, *, copy: bool = True) -> TrainingState:
+    """Take everything needed to continue this run (`copy`: see `capture`).
 
     At an epoch end whose data is consumed, the progress saved is "epoch + 1, batch 0", so a
     resumed run starts the next epoch; mid-epoch it is the batch reached, with the epoch's running
@@ -48,7 +48,7 @@ def capture_trainer_state(trainer: Any) -> TrainingState:
         "loggers": loggers, "hparams": _jsonable(module.hparams), "precision": trainer.precision.name,
         "global_batch_size": trainer.global_batch_size,
     }
-    return capture(module.model, trainer.optimizer, trainer_state)
+    return capture(module.model, trainer.optimizer, trainer_state, copy=copy)
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:

@@ -1,14 +1,14 @@
 """What a checkpoint holds: model and optimizer variables, progress, random state, callbacks, loggers.
 
-Tensors go to `.npz` files (read back with allow_pickle=False), everything else to JSON: loading a
-checkpoint never executes code.
+Tensors go to `.tensors` files (a JSON index and raw bytes, see tensors.py), everything else to
+JSON: loading a checkpoint never executes code.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,10 +16,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from ktrainer.checkpoint.tensors import read_tensors, write_tensors
+
 __all__ = ["TrainingState", "capture", "restore", "check_compatible"]
 
-MODEL_FILE = "model.npz"
-OPTIMIZER_FILE = "optimizer.npz"
+MODEL_FILE = "model.tensors"
+OPTIMIZER_FILE = "optimizer.tensors"
 TRAINER_FILE = "trainer.json"
 MODEL_CONFIG_FILE = "model_config.json"
 
@@ -41,9 +43,9 @@ class TrainingState:
     model_config: dict | None = None
     extra_files: dict[str, bytes] = field(default_factory=dict)
 
-    def to_files(self) -> dict[str, bytes]:
-        """Serialize to file name -> bytes."""
-        files = {MODEL_FILE: _npz(self.model), OPTIMIZER_FILE: _npz(self.optimizer),
+    def to_files(self) -> dict[str, Any]:
+        """Serialize: file name -> bytes, or a function streaming the file (the tensors)."""
+        files = {MODEL_FILE: _tensor_writer(self.model), OPTIMIZER_FILE: _tensor_writer(self.optimizer),
                  TRAINER_FILE: json.dumps(self.trainer, sort_keys=True).encode()}
         if self.model_config is not None:
             files[MODEL_CONFIG_FILE] = json.dumps(self.model_config).encode()
@@ -53,23 +55,19 @@ class TrainingState:
     def from_files(cls, files: dict[str, bytes]) -> TrainingState:
         """Parse the files written by `to_files`."""
         config = json.loads(files[MODEL_CONFIG_FILE]) if MODEL_CONFIG_FILE in files else None
-        return cls(_unnpz(files[MODEL_FILE]), _unnpz(files[OPTIMIZER_FILE]), json.loads(files[TRAINER_FILE]), config)
+        return cls(read_tensors(files[MODEL_FILE]), read_tensors(files[OPTIMIZER_FILE]),
+                   json.loads(files[TRAINER_FILE]), config)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of tensor data held."""
-        return sum(a.nbytes for a in self.model.values()) + sum(a.nbytes for a in self.optimizer.values())
+        """Bytes of tensor data."""
+        arrays = [*self.model.values(), *self.optimizer.values()]
+        return sum(int(np.prod(a.shape, dtype=np.int64)) * np.dtype(getattr(a.dtype, "name", a.dtype)).itemsize
+                   for a in arrays)
 
 
-def _npz(arrays: dict[str, np.ndarray]) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
-def _unnpz(data: bytes) -> dict[str, np.ndarray]:
-    with np.load(io.BytesIO(data), allow_pickle=False) as loaded:
-        return {name: loaded[name] for name in loaded.files}
+def _tensor_writer(arrays: dict[str, np.ndarray]) -> Any:
+    return lambda stream: write_tensors(stream, arrays)
 
 
 def _keyed(variables: list) -> dict[str, Any]:
@@ -77,7 +75,7 @@ def _keyed(variables: list) -> dict[str, Any]:
 
 
 def _value(variable: Any) -> np.ndarray:
-    return np.array(variable.numpy())
+    return np.asarray(variable.numpy())  # numpy() is already a snapshot: one copy, not two
 
 
 def _random_state() -> dict[str, Any]:
@@ -114,20 +112,29 @@ def _model_config(model: keras.Model) -> dict | None:
         return None
 
 
-def capture(model: keras.Model, optimizer: Any, trainer: dict[str, Any]) -> TrainingState:
-    """Copy the run's state to host memory (the only part of a save the training loop waits for).
+def capture(model: keras.Model, optimizer: Any, trainer: dict[str, Any], *, copy: bool = True) -> TrainingState:
+    """Take the run's state: a copy in host memory, or references to the live variables.
 
     Args:
         model: The model; all its variables are saved (weights, statistics, seed-generator states).
         optimizer: The optimizer; all its variables are saved.
         trainer: The Trainer's progress and the other JSON state.
+        copy: Copy every variable now (what an async save needs, and all the training loop waits
+            for). Without it the variables are read one at a time while the files are written, so a
+            synchronous save needs no second copy of the state in memory.
     """
+    read = _value if copy else (lambda variable: variable)
     return TrainingState(
-        model={key: _value(v) for key, v in _keyed(model.variables).items()},
-        optimizer={key: _value(v) for key, v in _keyed(optimizer.variables).items()},
+        model={key: read(v) for key, v in _keyed(model.variables).items()},
+        optimizer={key: read(v) for key, v in _keyed(optimizer.variables).items()},
         trainer={**trainer, "random": _random_state()},
         model_config=_model_config(model),
     )
+
+
+def _structural(key: str) -> str:
+    """A variable's path without Keras's per-process numbering ("sequential_7/dense_14" -> "sequential/dense")."""
+    return re.sub(r"_\d+(?=/|_|$)", "", key.split(":", 1)[1])
 
 
 def check_compatible(state: TrainingState, model: keras.Model, optimizer: Any, where: str) -> None:
@@ -143,7 +150,8 @@ def check_compatible(state: TrainingState, model: keras.Model, optimizer: Any, w
         if len(saved) != len(current):
             problems.append(f"{what}: the checkpoint has {len(saved)} variables, this {what} has {len(current)}")
         for (saved_key, array), (key, variable) in zip(saved.items(), current.items(), strict=False):
-            if saved_key.split(":", 1)[1] != key.split(":", 1)[1] or tuple(array.shape) != tuple(variable.shape):
+            same_name = _structural(saved_key) == _structural(key)
+            if not same_name or tuple(array.shape) != tuple(variable.shape):
                 problems.append(f"{what} variable {key.split(':', 1)[0]}: checkpoint {saved_key.split(':', 1)[1]} "
                                 f"{tuple(array.shape)} vs {key.split(':', 1)[1]} {tuple(variable.shape)}")
     if problems:

@@ -6,7 +6,8 @@ import argparse
 import logging
 import sys
 
-from ktrainer.cli import compare_precision, demo, fit, launch
+from ktrainer.checkpoint.manager import CheckpointError
+from ktrainer.cli import ckpt, compare_precision, demo, fit, launch
 
 __all__ = ["main", "build_parser"]
 
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_parser(commands)
     compare_precision.add_parser(commands)
     launch.add_parser(commands)
+    ckpt.add_parser(commands)
     return parser
 
 
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
         return args.run(args)
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError, CheckpointError) as error:
         print(f"ktrainer: error: {error}", file=sys.stderr)
         return 2
 

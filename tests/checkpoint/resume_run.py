@@ -57,8 +57,11 @@ if __name__ == "__main__":
     ckpt = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "-" else None
     options = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
     losses = Losses()
+    callbacks = [losses]
+    if os.environ.get("KTRAINER_TEST_SAVE_EVERY_STEP"):  # the kill test: a save in progress most of the time
+        callbacks.append(kt.callbacks.ModelCheckpoint(every_n_train_steps=1, max_to_keep=2))
     trainer = kt.Trainer(max_steps=max_steps, batch_size=32, seed=7, precision=precision, default_root_dir=root,
-                         callbacks=[losses], enable_progress_bar=False, log_every_n_steps=1,
+                         callbacks=callbacks, enable_progress_bar=False, log_every_n_steps=1,
                          storage_options=options)
     module = Net()
     trainer.fit(module, ckpt_path=ckpt)

@@ -1,0 +1,145 @@
+"""ModelCheckpoint: when it saves, what it keeps, how resume picks and refuses, async saves, export."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import ktrainer as kt
+from ktrainer.checkpoint import CheckpointError, CheckpointManager
+from ktrainer.fs import Location
+from tests.helpers import Classifier
+
+
+def names(folder):
+    return sorted(n for n in os.listdir(folder) if n.startswith("step-"))
+
+
+def fit(tmp_path, checkpoint=None, module=None, **kwargs):
+    callbacks = [checkpoint] if checkpoint else []
+    trainer = kt.Trainer(batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False, logger=False,
+                         callbacks=callbacks, **kwargs)
+    module = module or Classifier()
+    trainer.fit(module)
+    return trainer, module
+
+
+def test_default_saves_every_epoch_and_at_the_end_keeping_the_newest_three(tmp_path):
+    trainer, _ = fit(tmp_path, max_epochs=5)
+    assert names(tmp_path / "checkpoints") == ["step-00000024", "step-00000032", "step-00000040"]
+    assert trainer.checkpoint_callback.last_saved.endswith("step-00000040")
+
+
+def test_steps_milestones_and_top_k(tmp_path):
+    checkpoint = kt.callbacks.ModelCheckpoint(every_n_train_steps=2, max_to_keep=2, keep_every_n_steps=8,
+                                              save_top_k=1, monitor="train/loss_step", mode="min")
+    fit(tmp_path, checkpoint, max_epochs=3)
+    kept = names(tmp_path / "checkpoints")
+    best = checkpoint.best_k[0]["name"]
+    expected = {"step-00000022", "step-00000024", "step-00000008", "step-00000016", best}
+    assert set(kept) == expected  # the newest two, the milestones, and the best by the lowest step loss
+    losses = {c.name: c.manifest["metrics"]["train/loss_step"] for c in checkpoint.manager.list()}
+    assert losses[best] == min(losses.values())
+
+
+def test_last_falls_back_over_a_corrupt_newest_checkpoint_with_a_warning(tmp_path):
+    fit(tmp_path, max_epochs=2)
+    newest = tmp_path / "checkpoints" / "step-00000016" / "model.tensors"
+    newest.write_bytes(newest.read_bytes()[:100])
+    trainer = kt.Trainer(max_epochs=3, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                         logger=False)
+    with pytest.warns(UserWarning, match=r"step-00000016 is not valid \(model.tensors has 100 bytes"):
+        trainer.fit(Classifier(), ckpt_path="last")
+    assert trainer.global_step == 24  # resumed at step 8, trained epochs 2 and 3
+    assert (tmp_path / "checkpoints" / "step-00000008").exists()  # the one it resumed from is kept
+
+
+def test_a_specific_corrupt_checkpoint_is_an_error_and_nothing_changes(tmp_path):
+    fit(tmp_path, max_epochs=1)
+    target = tmp_path / "checkpoints" / "step-00000008"
+    (target / "optimizer.tensors").write_bytes(b"garbage")
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    trainer = kt.Trainer(max_epochs=3, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                         logger=False)
+    with pytest.raises(CheckpointError, match="step-00000008 is not a valid checkpoint: optimizer.tensors has 7 bytes"):
+        trainer.fit(Classifier(), ckpt_path=str(target))
+    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
+    assert trainer.global_step == 0
+
+
+def test_best_resumes_from_the_best_monitored_checkpoint(tmp_path):
+    checkpoint = kt.callbacks.ModelCheckpoint(save_top_k=1, monitor="val/loss", max_to_keep=1)
+    fit(tmp_path, checkpoint, max_epochs=3)
+    best_name = checkpoint.best_k[0]["name"]
+    trainer = kt.Trainer(max_epochs=4, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                         logger=False)
+    trainer.fit(Classifier(), ckpt_path="best")
+    assert trainer.checkpoint_callback.resumed_from == best_name
+
+
+class Wider(Classifier):
+    def build(self):
+        return keras.Sequential([keras.layers.Input((20,)), keras.layers.Dense(32, activation="relu"),
+                                 keras.layers.Dense(3, dtype="float32")])
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_anything_loads(tmp_path):
+    fit(tmp_path, max_epochs=1)
+    trainer = kt.Trainer(max_epochs=2, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                         logger=False)
+    module = Wider()
+    expected = r"(?s)does not match this model.*nothing was loaded.*\(20, 16\) vs .*\(20, 32\)"
+    with pytest.raises(ValueError, match=expected):
+        trainer.fit(module, ckpt_path="last")
+    assert trainer.global_step == 0
+
+
+def test_async_save_writes_the_same_checkpoints_and_waits_at_the_end(tmp_path):
+    checkpoint = kt.callbacks.ModelCheckpoint(every_n_train_steps=4, async_save=True, max_to_keep=None)
+    trainer, module = fit(tmp_path, checkpoint, max_epochs=2)
+    assert names(tmp_path / "checkpoints") == ["step-00000004", "step-00000008", "step-00000012", "step-00000016"]
+    assert all(info.valid for info in checkpoint.manager.list(checksums=True))
+
+
+class FailingManager(CheckpointManager):
+    def save(self, *args, **kwargs):
+        raise OSError("disk full")
+
+
+def test_a_background_failure_is_raised_by_fit(tmp_path):
+    checkpoint = kt.callbacks.ModelCheckpoint(every_n_train_steps=4, async_save=True)
+    checkpoint.manager = FailingManager(Location(str(tmp_path / "ckpts")))
+    trainer = kt.Trainer(max_epochs=1, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                         logger=False, callbacks=[checkpoint])
+    with pytest.raises(OSError, match="disk full"):
+        trainer.fit(Classifier())
+    assert trainer.global_step >= 4
+
+
+def test_export_keras_loads_in_a_fresh_process(tmp_path):
+    checkpoint = kt.callbacks.ModelCheckpoint(export_keras=True, monitor="val/loss", save_top_k=1)
+    _, module = fit(tmp_path, checkpoint, max_epochs=2)
+    exported = tmp_path / "checkpoints" / "export"
+    assert sorted(os.listdir(exported)) == ["best.keras", "last.keras"]
+    x = module.x[:4]
+    np.save(tmp_path / "x.npy", x)
+    code = ("import keras, numpy as np, sys; m = keras.saving.load_model(sys.argv[1]); "
+            "print(repr(m(np.load(sys.argv[2])).numpy().tolist()))")
+    done = subprocess.run([sys.executable, "-c", code, str(exported / "last.keras"), str(tmp_path / "x.npy")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    np.testing.assert_allclose(eval(done.stdout.strip().splitlines()[-1]), module.model(x).numpy(), rtol=1e-5)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="save_top_k needs monitor"):
+        kt.callbacks.ModelCheckpoint(save_top_k=2)
+    with pytest.raises(ValueError, match="every_n_train_steps must be an int >= 1"):
+        kt.callbacks.ModelCheckpoint(every_n_train_steps=0)
+    with pytest.raises(ValueError, match="ModelCheckpoint but enable_checkpointing=False"):
+        kt.Trainer(callbacks=[kt.callbacks.ModelCheckpoint()], enable_checkpointing=False)
