@@ -1,4 +1,6 @@
-"""The compiled steps: training (tape, loss scaling, clipping, accumulation) and evaluation.
+"""Running compiled steps: N batches per call, per-replica outputs reduced exactly; evaluation and prediction.
+
+The training step itself is in train_step.py.
 
 Every step function returns a flat dict of scalars: the loss and what the module logged,
 plus `_batch_size` (examples in the batch) and, for training, `_applied` (1.0 when the
@@ -13,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -193,8 +194,3 @@ def compile_predict_step(module: Any, strategy: tf.distribute.Strategy) -> Calla
         return tf.nest.map_structure(lambda t: strategy.gather(t, axis=0), outputs)
 
     return tf.function(predict, reduce_retracing=True)
-
-
-def to_numpy(structure: Any) -> Any:
-    """Convert a structure of tensors to numpy arrays."""
-    return keras.tree.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, structure)
