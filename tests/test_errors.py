@@ -19,6 +19,8 @@ from tests.helpers import Classifier, Regressor, read_scalars, regression_data
         ({"devices": [0, 0]}, r"devices=\[0, 0\] repeats an index"),
         ({"accelerator": "gpu"}, "accelerator='gpu', but TensorFlow sees no GPU"),
         ({"strategy": "one_device", "num_nodes": 2}, "strategy='one_device' cannot run on num_nodes=2"),
+        ({"strategy": "one_device", "devices": 2}, "strategy='one_device' conflicts with devices=2"),
+        ({"strategy": "parallel"}, "strategy='parallel' is not supported"),
         ({"lr_scaling": "square"}, "lr_scaling='square' is not supported. Use one of: None, 'sqrt', 'linear'"),
         ({"max_epochs": 0}, "max_epochs must be an int >= 1"),
         ({"batch_size": 0}, "batch_size must be an int >= 1"),

@@ -110,14 +110,14 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
                              "cluster); use strategy='multi_worker' or 'auto'.")
         return DevicePlan(accelerator, (), "multi_worker", max(num_nodes, len(_cluster_tasks())))
     indices = _device_indices(devices, accelerator, len(gpus))
+    if strategy == "one_device" and len(indices) > 1:
+        raise ValueError(f"strategy='one_device' conflicts with devices={devices!r} ({len(indices)} devices). "
+                         "Use strategy='mirrored' (or 'auto'), or devices=1.")
     if accelerator == "gpu":
         names = tuple(f"/gpu:{i}" for i in indices)
     else:
         names = tuple(f"/cpu:{i}" for i in indices)
         _split_cpu(max(indices) + 1, devices)
-    if strategy == "one_device" and len(names) > 1:
-        raise ValueError(f"strategy='one_device' conflicts with devices={devices!r} ({len(names)} devices). "
-                         "Use strategy='mirrored' (or 'auto'), or devices=1.")
     chosen = strategy if strategy != "auto" else ("mirrored" if len(names) > 1 else "one_device")
     return DevicePlan(accelerator, names, chosen)
 

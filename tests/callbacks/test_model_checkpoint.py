@@ -13,7 +13,7 @@ import pytest
 import ktrainer as kt
 from ktrainer.checkpoint import CheckpointError, CheckpointManager
 from ktrainer.fs import Location
-from tests.helpers import Classifier
+from tests.helpers import Classifier, read_scalars
 
 
 def names(folder):
@@ -143,3 +143,23 @@ def test_bad_arguments():
         kt.callbacks.ModelCheckpoint(every_n_train_steps=0)
     with pytest.raises(ValueError, match="ModelCheckpoint but enable_checkpointing=False"):
         kt.Trainer(callbacks=[kt.callbacks.ModelCheckpoint()], enable_checkpointing=False)
+
+
+def test_a_resumed_run_appends_to_the_same_tensorboard_run(tmp_path):
+    kt.Trainer(max_epochs=1, batch_size=32, log_every_n_steps=4, default_root_dir=str(tmp_path),
+               enable_progress_bar=False).fit(Classifier())
+    kt.Trainer(max_epochs=2, batch_size=32, log_every_n_steps=4, default_root_dir=str(tmp_path),
+               enable_progress_bar=False).fit(Classifier(), ckpt_path="last")
+    assert os.listdir(tmp_path / "tensorboard") == ["version_0"]
+    steps = [step for step, _ in read_scalars(str(tmp_path / "tensorboard" / "version_0"))["train/loss_step"]]
+    assert steps == [4, 8, 12, 16]
+
+
+def test_train_time_interval(tmp_path, monkeypatch):
+    clock = iter(range(0, 10_000, 7))  # every reading of the clock is 7 "seconds" later
+    monkeypatch.setattr("ktrainer.callbacks.model_checkpoint.time.monotonic", lambda: next(clock))
+    checkpoint = kt.callbacks.ModelCheckpoint(train_time_interval=20, save_last=False, max_to_keep=None)
+    fit(tmp_path, checkpoint, max_epochs=1)
+    saved = [int(n.split("-")[1]) for n in names(tmp_path / "checkpoints")]
+    assert len(saved) >= 2 and saved == sorted(saved)
+    assert saved[0] < 8  # by time, within the epoch, not only at its end
