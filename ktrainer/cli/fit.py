@@ -69,3 +69,6 @@ def print_summary(trainer: Any) -> None:
             print(f"  {name} = {value:.4f}")
     for logger in trainer.loggers:
         print(f"Logs ({type(logger).__name__}): {logger.log_dir}")
+    checkpoint = trainer.checkpoint_callback
+    if checkpoint is not None and checkpoint.last_saved:
+        print(f"Last checkpoint: {checkpoint.last_saved} (resume with ckpt_path=\"last\" or this URI)")
