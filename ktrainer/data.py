@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["BatchSource", "first_dim"]
+__all__ = ["BatchSource", "first_dim", "batches_per_epoch"]
 
 
 class BatchSource:
@@ -176,3 +176,22 @@ def _as_arrays(data: Any, what: str) -> Any:
     if next(iter(lengths.values())) == 0:
         raise ValueError(f"{what} is empty (0 examples). Give it at least one example.")
     return data
+
+
+def batches_per_epoch(source: BatchSource, limit: int | float | None) -> int | None:
+    """Batches per epoch of `source` under a limit (an int count or a float fraction); None when unknown.
+
+    Raises:
+        ValueError: For a fractional limit on data of unknown length.
+    """
+    total = source.num_batches
+    if limit is None:
+        return total
+    if isinstance(limit, int):
+        return limit if total is None else min(limit, total)
+    if total is None:
+        raise ValueError(
+            f"A fractional limit ({limit}) needs data of known length, but {source.what} is a "
+            "tf.data.Dataset or PyDataset whose number of batches is unknown. Use an int instead."
+        )
+    return max(1, int(total * limit))

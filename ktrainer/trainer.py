@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -14,13 +12,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from ktrainer.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar
+from ktrainer.callbacks import Callback, ModelCheckpoint
 from ktrainer.callbacks.lr_monitor import current_learning_rate
 from ktrainer.checkpoint.resume import capture_trainer_state, find_checkpoint, resume, versions
 from ktrainer.checkpoint.state import TrainingState
-from ktrainer.data import BatchSource
+from ktrainer.data import BatchSource, batches_per_epoch
 from ktrainer.errors import check_choice, check_count_or_fraction, check_int, check_module_hooks
-from ktrainer.loggers import Logger, TensorBoardLogger
+from ktrainer.loggers import Logger
 from ktrainer.metrics import EpochMetrics
 from ktrainer.module import Module
 from ktrainer.precision import LayerPrecision, resolve_precision
@@ -31,6 +29,14 @@ from ktrainer.step import APPLIED, LOSS_SCALE, SKIPPED, CompiledSteps, EvalStep,
 from ktrainer.strategies import LR_SCALINGS, per_replica_mean_losses, plan_devices, scale_learning_rate
 from ktrainer.strategies.hardware import visible_accelerators
 from ktrainer.train_step import TrainStep
+from ktrainer.wiring import (
+    check_fast_dev_run,
+    default_callbacks,
+    optional,
+    quietly,
+    resolve_loggers,
+    throughput,
+)
 
 __all__ = ["Trainer"]
 
@@ -127,10 +133,10 @@ class Trainer:
                 raise ValueError(f"float32_layers takes layer classes or layer names, got {selector!r}.")
         self.lr_scaling = check_choice("lr_scaling", lr_scaling, LR_SCALINGS)
         self.plan = plan_devices(accelerator, devices, strategy, num_nodes)
-        self.limit_train_batches = _optional(check_count_or_fraction, "limit_train_batches", limit_train_batches)
-        self.limit_val_batches = _optional(check_count_or_fraction, "limit_val_batches", limit_val_batches,
+        self.limit_train_batches = optional(check_count_or_fraction, "limit_train_batches", limit_train_batches)
+        self.limit_val_batches = optional(check_count_or_fraction, "limit_val_batches", limit_val_batches,
                                            allow_zero=True)
-        self.val_check_interval = _optional(check_count_or_fraction, "val_check_interval", val_check_interval)
+        self.val_check_interval = optional(check_count_or_fraction, "val_check_interval", val_check_interval)
         self.check_val_every_n_epoch = check_int("check_val_every_n_epoch", check_val_every_n_epoch,
                                                  minimum=1, allow_none=True)
         self.log_every_n_steps = check_int("log_every_n_steps", log_every_n_steps, minimum=1)
@@ -141,7 +147,7 @@ class Trainer:
         self.accumulate_grad_batches = check_int("accumulate_grad_batches", accumulate_grad_batches, minimum=1)
         self.steps_per_execution = check_int("steps_per_execution", steps_per_execution, minimum=1)
         self.seed = check_int("seed", seed, minimum=0, allow_none=True)
-        self.fast_dev_run = _check_fast_dev_run(fast_dev_run)
+        self.fast_dev_run = check_fast_dev_run(fast_dev_run)
         if not isinstance(default_root_dir, str) or not default_root_dir:
             raise ValueError(f"default_root_dir must be a non-empty path or URL string, got {default_root_dir!r}.")
         self.default_root_dir = default_root_dir
@@ -153,8 +159,8 @@ class Trainer:
             self.limit_train_batches = self.limit_val_batches = n
             self.val_check_interval, self.check_val_every_n_epoch = None, 1
             logger, self.enable_checkpointing = False, False
-        self.loggers = _resolve_loggers(logger)
-        self.callbacks = _default_callbacks(callbacks, enable_progress_bar, bool(self.loggers),
+        self.loggers = resolve_loggers(logger)
+        self.callbacks = default_callbacks(callbacks, enable_progress_bar, bool(self.loggers),
                                             self.enable_checkpointing)
         for each in self.loggers:
             each.attach(self.default_root_dir, self.storage_options)
@@ -240,7 +246,7 @@ class Trainer:
             if self.limit_val_batches != 0:
                 val = self._source(val_data, module.val_data, "val_data", training=False, required=False)
             self._build(module, with_optimizer=True)
-            self.num_training_batches = self._epoch_length(train, self.limit_train_batches)
+            self.num_training_batches = batches_per_epoch(train, self.limit_train_batches)
             train_step = TrainStep(module, self.optimizer, self.precision, self.strategy,
                                    gradient_clip_val=self.gradient_clip_val,
                                    accumulate_grad_batches=self.accumulate_grad_batches)
@@ -252,7 +258,7 @@ class Trainer:
                 resume(self, module, *checkpoint)
             train_runner = CompiledSteps(train_step, self.strategy, keys)
             val_runner = self._eval_runner(module, val, "validation_step", "val") if val else None
-            self._val_batches = self._epoch_length(val, self.limit_val_batches) if val else None
+            self._val_batches = batches_per_epoch(val, self.limit_val_batches) if val else None
             self._log_batch_and_rate(train)
             self._log_hyperparameters(module)
             self._call("on_fit_start", module)
@@ -351,7 +357,7 @@ class Trainer:
             for index in log_at:
                 self.global_step = int(steps_after[index])
                 now = time.monotonic()
-                extra = _throughput(self.global_step - last_log_step, now - last_log_time,
+                extra = throughput(self.global_step - last_log_step, now - last_log_time,
                                     self.global_batch_size * self.accumulate_grad_batches)
                 if self.precision.loss_scaling:
                     extra[SKIPPED_STEPS] = int(skips_after[index])
@@ -452,7 +458,7 @@ class Trainer:
             limit = self.limit_val_batches if prefix == "val" else None
             runner = self._eval_runner(module, source, hook, prefix)
             self._call(f"on_{kind}_start", module)
-            metrics = self._run_eval(module, source, runner, self._epoch_length(source, limit))
+            metrics = self._run_eval(module, source, runner, batches_per_epoch(source, limit))
             self.log_metrics(metrics)
             self._call(f"on_{kind}_end", module)
         return metrics
@@ -505,7 +511,7 @@ class Trainer:
         except BaseException as error:
             status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
             for callback in self.callbacks:
-                _quietly(callback.on_exception, self, module, error)
+                quietly(callback.on_exception, self, module, error)
             raise
         finally:
             try:
@@ -513,10 +519,10 @@ class Trainer:
                     if status == "success":
                         each.finalize(status)
                     else:
-                        _quietly(each.finalize, status)
+                        quietly(each.finalize, status)
                 for callback in self.callbacks:
-                    _quietly(callback.teardown, self, module, stage)
-                _quietly(module.teardown, stage)
+                    quietly(callback.teardown, self, module, stage)
+                quietly(module.teardown, stage)
             finally:
                 stack.close()
                 keras.config.set_dtype_policy(previous_policy)
@@ -571,19 +577,6 @@ class Trainer:
             )
         return source
 
-    def _epoch_length(self, source: BatchSource, limit: int | float | None) -> int | None:
-        total = source.num_batches
-        if limit is None:
-            return total
-        if isinstance(limit, int):
-            return limit if total is None else min(limit, total)
-        if total is None:
-            raise ValueError(
-                f"A fractional limit ({limit}) needs data of known length, but {source.what} is a "
-                "tf.data.Dataset or PyDataset whose number of batches is unknown. Use an int instead."
-            )
-        return max(1, int(total * limit))
-
     def _log_hyperparameters(self, module: Module) -> None:
         if module.hparams:
             for each in self._writing_loggers():
@@ -625,63 +618,3 @@ class Trainer:
     def _call(self, hook: str, module: Module, *args: Any) -> None:
         for callback in self.callbacks:
             getattr(callback, hook)(self, module, *args)
-
-
-def _optional(check: Any, name: str, value: Any, **kwargs: Any) -> Any:
-    return None if value is None else check(name, value, **kwargs)
-
-
-def _check_fast_dev_run(value: Any) -> int:
-    if value is True:
-        return 1
-    if value is False:
-        return 0
-    return check_int("fast_dev_run", value, minimum=0)
-
-
-def _resolve_loggers(logger: Any) -> list[Logger]:
-    if logger is True:
-        return [TensorBoardLogger()]
-    if logger is False or logger is None:
-        return []
-    loggers = [logger] if isinstance(logger, Logger) else list(logger)
-    for each in loggers:
-        if not isinstance(each, Logger):
-            raise ValueError(
-                f"logger must be True, False, a ktrainer Logger or a list of them; got {type(each).__name__}."
-            )
-    return loggers
-
-
-def _default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, has_logger: bool,
-                       checkpointing: bool) -> list:
-    given = list(callbacks or [])
-    for each in given:
-        if not isinstance(each, Callback):
-            raise ValueError(f"callbacks must be ktrainer Callback instances; got {type(each).__name__}.")
-    has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in given)
-    if has_checkpoint and not checkpointing:
-        raise ValueError("callbacks holds a ModelCheckpoint but enable_checkpointing=False; drop one of the two.")
-    defaults: list[Callback] = []
-    if checkpointing and not has_checkpoint:
-        defaults.append(ModelCheckpoint())
-    if progress_bar and not any(isinstance(c, ProgressBar) for c in given):
-        defaults.append(ProgressBar())
-    if has_logger and not any(isinstance(c, LearningRateMonitor) for c in given):
-        defaults.append(LearningRateMonitor())
-    return defaults + given
-
-
-def _throughput(steps: int, seconds: float, samples_per_step: int) -> dict[str, float]:
-    if steps <= 0 or seconds <= 0 or not math.isfinite(seconds):
-        return {}
-    return {"time/steps_per_sec": steps / seconds, "time/samples_per_sec": steps * samples_per_step / seconds}
-
-
-def _quietly(function: Any, *args: Any) -> None:
-    """Call a clean-up function on the error path without hiding the original error."""
-    try:
-        function(*args)
-    except Exception as error:  # noqa: BLE001 - the user's original error must surface unchanged
-        warnings.warn(f"{getattr(function, '__qualname__', function)} failed during clean-up: {error!r}",
-                      stacklevel=2)

@@ -1,0 +1,87 @@
+"""How the Trainer's arguments become loggers and callbacks, and small helpers of its loop."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from ktrainer.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar
+from ktrainer.errors import check_int
+from ktrainer.loggers import Logger, TensorBoardLogger
+
+__all__ = ["optional", "check_fast_dev_run", "resolve_loggers", "default_callbacks", "throughput", "quietly"]
+
+
+def optional(check: Any, name: str, value: Any, **kwargs: Any) -> Any:
+    """Run `check` on `value` unless it is None."""
+    return None if value is None else check(name, value, **kwargs)
+
+
+def check_fast_dev_run(value: Any) -> int:
+    """fast_dev_run as a batch count: True -> 1, False -> 0."""
+    if value is True:
+        return 1
+    if value is False:
+        return 0
+    return check_int("fast_dev_run", value, minimum=0)
+
+
+def resolve_loggers(logger: Any) -> list[Logger]:
+    """The loggers of the `logger` argument.
+
+    Raises:
+        ValueError: For anything but True, False/None, a Logger or Loggers.
+    """
+    if logger is True:
+        return [TensorBoardLogger()]
+    if logger is False or logger is None:
+        return []
+    loggers = [logger] if isinstance(logger, Logger) else list(logger)
+    for each in loggers:
+        if not isinstance(each, Logger):
+            raise ValueError(
+                f"logger must be True, False, a ktrainer Logger or a list of them; got {type(each).__name__}."
+            )
+    return loggers
+
+
+def default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, has_logger: bool,
+                       checkpointing: bool) -> list:
+    """The built-in callbacks the user did not give (progress bar, LR monitor, checkpoint), then the given ones.
+
+    Raises:
+        ValueError: For a non-Callback, or a ModelCheckpoint with checkpointing off.
+    """
+    given = list(callbacks or [])
+    for each in given:
+        if not isinstance(each, Callback):
+            raise ValueError(f"callbacks must be ktrainer Callback instances; got {type(each).__name__}.")
+    has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in given)
+    if has_checkpoint and not checkpointing:
+        raise ValueError("callbacks holds a ModelCheckpoint but enable_checkpointing=False; drop one of the two.")
+    defaults: list[Callback] = []
+    if checkpointing and not has_checkpoint:
+        defaults.append(ModelCheckpoint())
+    if progress_bar and not any(isinstance(c, ProgressBar) for c in given):
+        defaults.append(ProgressBar())
+    if has_logger and not any(isinstance(c, LearningRateMonitor) for c in given):
+        defaults.append(LearningRateMonitor())
+    return defaults + given
+
+
+def throughput(steps: int, seconds: float, samples_per_step: int) -> dict[str, float]:
+    """steps/s and samples/s over an interval (empty when the interval is empty)."""
+    if steps <= 0 or seconds <= 0 or not math.isfinite(seconds):
+        return {}
+    return {"time/steps_per_sec": steps / seconds, "time/samples_per_sec": steps * samples_per_step / seconds}
+
+
+def quietly(function: Any, *args: Any) -> None:
+    """Call a clean-up function on the error path without hiding the original error."""
+    try:
+        function(*args)
+    except Exception as error:  # noqa: BLE001 - the user's original error must surface unchanged
+        warnings.warn(f"{getattr(function, '__qualname__', function)} failed during clean-up: {error!r}",
+                      stacklevel=2)
