@@ -16,7 +16,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 from ktrainer.fs import Location
 
@@ -24,30 +24,8 @@ __all__ = ["CheckpointManager", "CheckpointInfo", "CheckpointError", "MANIFEST",
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
-OWN_FILES = frozenset({"model.tensors", "optimizer.tensors", "trainer.json", "model_config.json", MANIFEST})
-_UPLOAD_PART = 32 * 2**20  # object-store upload parts: bounds the memory a streamed save holds
+_OWN_FILE = re.compile(r"(model|optimizer)-\d{5}\.tensors|trainer\.json|model_config\.json|manifest\.json")
 _NAME = re.compile(r"step-(\d{8,})")
-
-
-class _HashingSink:
-    """A write-only stream that counts and hashes what passes to the file it wraps (no seek: zip streams)."""
-
-    def __init__(self, handle: BinaryIO) -> None:
-        self._handle = handle
-        self.size = 0
-        self.sha256 = hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self._handle.write(data)
-        self.sha256.update(data)
-        self.size += len(data)
-        return len(data)
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        self._handle.flush()
 
 
 class CheckpointError(RuntimeError):
@@ -104,13 +82,13 @@ class CheckpointManager:
         self.fs = location.fs
         self.root = location.path.rstrip("/")
 
-    def save(self, name: str, files: dict[str, bytes | Callable[[BinaryIO], None]], info: dict[str, Any], *,
+    def save(self, name: str, files: dict[str, bytes | Callable[[], bytes]], info: dict[str, Any], *,
              verify: bool = True, verify_checksums: bool = False) -> CheckpointInfo:
         """Write the state files, then the manifest; read back what `verify` asks.
 
-        Each file is bytes, or a function that writes it to a stream: it is streamed to storage and
-        hashed on the way, so a save holds no second copy of the state in memory. A write that fails
-        or is killed half-way leaves no manifest (a truncated object on S3 cannot look complete).
+        Each file is bytes, or a function returning them, called just before the file is written, so
+        a save holds one file (one tensor shard) in memory at a time. Each file is one `pipe_file`
+        (one PUT on object stores). A write that fails or is killed half-way leaves no manifest.
 
         A valid checkpoint of that name is never overwritten (its info is returned); an invalid one
         (a crashed earlier save) is removed first.
@@ -126,10 +104,10 @@ class CheckpointManager:
         self.fs.makedirs(directory, exist_ok=True)
         listed = []
         for file_name, content in files.items():
-            with self.fs.open(f"{directory}/{file_name}", "wb", block_size=_UPLOAD_PART) as handle:
-                sink = _HashingSink(handle)
-                content(sink) if callable(content) else sink.write(content)
-            listed.append({"name": file_name, "size": sink.size, "sha256": sink.sha256.hexdigest()})
+            data = content() if callable(content) else content
+            self.fs.pipe_file(f"{directory}/{file_name}", data)
+            listed.append({"name": file_name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+            del data
         manifest = {"format_version": FORMAT_VERSION, "created": time.time(), **info, "files": listed}
         self.fs.pipe_file(f"{directory}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode())
         written = self.inspect(name, checksums=verify_checksums) if verify else CheckpointInfo(
@@ -204,7 +182,7 @@ class CheckpointManager:
             entries = self.fs.ls(directory, detail=False)
         except FileNotFoundError:
             return
-        own = [p for p in entries if p.rstrip("/").rsplit("/", 1)[-1] in OWN_FILES]
+        own = [p for p in entries if _OWN_FILE.fullmatch(p.rstrip("/").rsplit("/", 1)[-1])]
         manifest = [p for p in own if p.endswith(MANIFEST)]
         for path in manifest + [p for p in own if not p.endswith(MANIFEST)]:  # invalidate first
             self.fs.rm_file(path)

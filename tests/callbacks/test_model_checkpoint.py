@@ -49,11 +49,11 @@ def test_steps_milestones_and_top_k(tmp_path):
 
 def test_last_falls_back_over_a_corrupt_newest_checkpoint_with_a_warning(tmp_path):
     fit(tmp_path, max_epochs=2)
-    newest = tmp_path / "checkpoints" / "step-00000016" / "model.tensors"
+    newest = tmp_path / "checkpoints" / "step-00000016" / "model-00000.tensors"
     newest.write_bytes(newest.read_bytes()[:100])
     trainer = kt.Trainer(max_epochs=3, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False,
                          logger=False)
-    with pytest.warns(UserWarning, match=r"step-00000016 is not valid \(model.tensors has 100 bytes"):
+    with pytest.warns(UserWarning, match=r"step-00000016 is not valid \(model-00000.tensors has 100 bytes"):
         trainer.fit(Classifier(), ckpt_path="last")
     assert trainer.global_step == 24  # resumed at step 8, trained epochs 2 and 3
     assert (tmp_path / "checkpoints" / "step-00000008").exists()  # the one it resumed from is kept
@@ -62,11 +62,12 @@ def test_last_falls_back_over_a_corrupt_newest_checkpoint_with_a_warning(tmp_pat
 def test_a_specific_corrupt_checkpoint_is_an_error_and_nothing_changes(tmp_path):
     fit(tmp_path, max_epochs=1)
     target = tmp_path / "checkpoints" / "step-00000008"
-    (target / "optimizer.tensors").write_bytes(b"garbage")
+    (target / "optimizer-00000.tensors").write_bytes(b"garbage")
     before = {p.name: p.read_bytes() for p in target.iterdir()}
     trainer = kt.Trainer(max_epochs=3, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False,
                          logger=False)
-    with pytest.raises(CheckpointError, match="step-00000008 is not a valid checkpoint: optimizer.tensors has 7 bytes"):
+    expected = "step-00000008 is not a valid checkpoint: optimizer-00000.tensors has 7 bytes"
+    with pytest.raises(CheckpointError, match=expected):
         trainer.fit(Classifier(), ckpt_path=str(target))
     assert {p.name: p.read_bytes() for p in target.iterdir()} == before
     assert trainer.global_step == 0

@@ -49,7 +49,7 @@ def test_a_truncated_newest_checkpoint_on_s3_falls_back(s3_bucket):
     kt.Trainer(max_steps=10, batch_size=32, default_root_dir=f"{root}/run", storage_options=options,
                enable_progress_bar=False, logger=False).fit(Net())  # epochs end at 5 and 10
     fs = fsspec.filesystem("s3", **options)
-    newest = f"{root}/run/checkpoints/step-00000010/model.tensors"
+    newest = f"{root}/run/checkpoints/step-00000010/model-00000.tensors"
     fs.pipe_file(newest, fs.cat_file(newest)[:50])
     trainer = kt.Trainer(max_steps=6, batch_size=32, default_root_dir=f"{root}/run", storage_options=options,
                          enable_progress_bar=False, logger=False)
