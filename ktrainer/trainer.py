@@ -389,8 +389,9 @@ class Trainer:
         self.state.at_epoch_end = True
         if val is not None and self._val_due_at_epoch_end():
             self._validate_in_fit(module, val, val_runner)
-        self.log_metrics(metrics.epoch_metrics())
-        self._remember(metrics.epoch_metrics(), metrics)
+        epoch_values = metrics.epoch_metrics()
+        self.log_metrics(epoch_values)
+        self._remember(epoch_values, metrics)
         module.on_train_epoch_end()
         self._call("on_train_epoch_end", module)
         for each in self._writing_loggers():
