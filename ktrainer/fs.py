@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import fsspec
@@ -25,15 +26,19 @@ class Location:
     url: str
     storage_options: dict[str, Any] = field(default_factory=dict)
 
+    @cached_property
+    def _resolved(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        return fsspec.core.url_to_fs(self.url, **self.storage_options)
+
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
         """The fsspec filesystem of this location."""
-        return fsspec.core.url_to_fs(self.url, **self.storage_options)[0]
+        return self._resolved[0]
 
     @property
     def path(self) -> str:
         """The path of this location on its filesystem (no protocol)."""
-        return fsspec.core.url_to_fs(self.url, **self.storage_options)[1]
+        return self._resolved[1]
 
     @property
     def is_local(self) -> bool:

@@ -14,8 +14,7 @@ import tensorflow as tf
 
 from ktrainer.callbacks import Callback, ModelCheckpoint
 from ktrainer.callbacks.lr_monitor import current_learning_rate
-from ktrainer.checkpoint.resume import capture_trainer_state, find_checkpoint, resume, versions
-from ktrainer.checkpoint.state import TrainingState
+from ktrainer.checkpoint.resume import find_checkpoint, resume
 from ktrainer.data import BatchSource, batches_per_epoch
 from ktrainer.errors import check_choice, check_count_or_fraction, check_int, check_module_hooks
 from ktrainer.loggers import Logger
@@ -606,12 +605,6 @@ class Trainer:
         for name in shown & set(values):
             label = "loss" if name == "train/loss_step" else name
             self.progress_bar_metrics[label] = values[name]
-
-    def _capture_state(self, copy: bool = True) -> TrainingState:
-        return capture_trainer_state(self, copy=copy)
-
-    def _versions(self) -> dict[str, str]:
-        return versions()
 
     def _writing_loggers(self) -> list[Logger]:
         return self.loggers if self.is_global_zero else []

@@ -12,6 +12,7 @@ from typing import Any
 
 from ktrainer.callbacks.callback import Callback
 from ktrainer.checkpoint.manager import CheckpointManager, checkpoint_name
+from ktrainer.checkpoint.resume import capture_trainer_state, versions
 from ktrainer.checkpoint.state import TrainingState
 from ktrainer.errors import check_choice, check_int
 from ktrainer.fs import Location
@@ -145,10 +146,10 @@ class ModelCheckpoint(Callback):
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if math.isfinite(v)}
         self._last_saved_step, self._last_time = trainer.global_step, time.monotonic()
         self._rank(name, metrics)  # before the capture, so the checkpoint's own state knows itself
-        state = trainer._capture_state(copy=self.async_save)
+        state = capture_trainer_state(trainer, copy=self.async_save)
         info = {"step": trainer.global_step, **state.trainer["progress"], "metrics": metrics,
                 "monitor": self.monitor, "mode": self.mode, "hparams": state.trainer.get("hparams", {}),
-                "versions": trainer._versions()}
+                "versions": versions()}
         if self.export_keras and self.best_k and self.best_k[0]["name"] == name:
             self._export(trainer, "best")  # in this thread: it reads the live model
         best = [entry["name"] for entry in self.best_k[: self.save_top_k]]
