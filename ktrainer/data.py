@@ -17,7 +17,8 @@ class BatchSource:
     - numpy arrays (an array, or a tuple/list/dict of arrays of equal length) are batched by
       the Trainer and, when `shuffle` is on, shuffled each epoch by a permutation drawn from
       `(seed, epoch)`: the same seed gives the same order, and a resumed epoch can skip exactly
-      the batches it had consumed.
+      the batches it had consumed. The seed and the position are the caller's (the Trainer's
+      `Progress`), passed to `epoch()`: the source keeps no copy of them.
     - a `tf.data.Dataset` yields batches (as in Keras); it is re-batched to the global batch
       (`unbatch().batch(global_batch_size)`), keeping its order. It is never shuffled.
     - a `keras.utils.PyDataset` is read in index order and re-batched the same way.
@@ -26,7 +27,6 @@ class BatchSource:
         data: The user's data.
         global_batch_size: Examples per global batch (per-device batch size x replicas).
         shuffle: Shuffle numpy data each epoch.
-        seed: Base seed of the per-epoch permutation.
         drop_remainder: Drop a last incomplete batch.
         what: The data's name for error messages, e.g. "train_data".
 
@@ -41,13 +41,11 @@ class BatchSource:
         global_batch_size: int,
         *,
         shuffle: bool = False,
-        seed: int = 0,
         drop_remainder: bool = False,
         what: str = "data",
     ) -> None:
         self.global_batch_size = global_batch_size
         self.shuffle = shuffle
-        self.seed = seed
         self.drop_remainder = drop_remainder
         self.what = what
         self._arrays = None
@@ -86,18 +84,27 @@ class BatchSource:
             self._dataset.cardinality().numpy() == tf.data.INFINITE_CARDINALITY
         )
 
-    def epoch(self, epoch: int = 0, skip_batches: int = 0) -> tf.data.Dataset:
+    @property
+    def element_spec(self) -> Any:
+        """The spec of one global batch (without reading or shuffling the data)."""
+        if self._arrays is not None:
+            return tf.nest.map_structure(
+                lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), self._arrays)
+        return self.epoch(0).element_spec
+
+    def epoch(self, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> tf.data.Dataset:
         """The dataset of one epoch, without its first `skip_batches` global batches.
 
         Args:
             epoch: The epoch index; it selects the shuffle permutation of numpy data.
             skip_batches: Global batches already consumed in this epoch (resume).
+            seed: The base seed of the shuffle permutation.
 
         Returns:
             A `tf.data.Dataset` of global batches.
         """
         if self._arrays is not None:
-            return self._array_epoch(epoch, skip_batches)
+            return self._array_epoch(epoch, skip_batches, seed)
         source = self._dataset if self._dataset is not None else self._pydataset_as_dataset()
         batched = source.unbatch().batch(self.global_batch_size, drop_remainder=self.drop_remainder)
         return batched.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
@@ -107,10 +114,10 @@ class BatchSource:
         if self._pydataset is not None:
             self._pydataset.on_epoch_end()
 
-    def _array_epoch(self, epoch: int, skip_batches: int) -> tf.data.Dataset:
+    def _array_epoch(self, epoch: int, skip_batches: int, seed: int) -> tf.data.Dataset:
         n = first_dim(self._arrays)
         if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch]).permutation(n)
+            order = np.random.default_rng([seed, epoch]).permutation(n)
         else:
             order = np.arange(n)
         order = order[skip_batches * self.global_batch_size :]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["check_choice", "check_int", "check_count_or_fraction", "check_module_hooks"]
+__all__ = ["check_choice", "check_int", "check_count_or_fraction", "check_module_hooks", "check_bool",
+           "check_storage_options", "check_path"]
 
 
 def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:
@@ -73,3 +75,47 @@ def check_module_hooks(module: Any, base: type, hooks: Iterable[str]) -> None:
                 f"{cls.__name__} does not define {hook}(), which the Trainer needs. "
                 f"Override {hook} in your Module."
             )
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """Return `value` if it is a bool.
+
+    Raises:
+        ValueError: Naming the argument and the value given.
+    """
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r} ({type(value).__name__}).")
+    return value
+
+
+def check_storage_options(name: str, value: Any) -> dict[str, Any]:
+    """Return fsspec storage options as a dict (None -> {}).
+
+    Raises:
+        ValueError: If `value` is not a mapping with string keys.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise ValueError(
+            f"{name} must be a dict of fsspec options (e.g. {{'key': ..., 'secret': ..., 'client_kwargs': "
+            f"{{'endpoint_url': ...}}}}) or None, got {value!r} ({type(value).__name__})."
+        )
+    return dict(value)
+
+
+def check_path(name: str, value: Any, *, allow_none: bool = False) -> str | None:
+    """Return a path or URL argument as a string (os.PathLike accepted).
+
+    Raises:
+        ValueError: If it is not a non-empty string or path (or None when allowed).
+    """
+    if value is None and allow_none:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        extra = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be a non-empty path or URL string{extra}, got {value!r} "
+                         f"({type(value).__name__}).")
+    return value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -39,6 +40,17 @@ class Location:
     def path(self) -> str:
         """The path of this location on its filesystem (no protocol)."""
         return self._resolved[1]
+
+    @property
+    def canonical_url(self) -> str:
+        """One spelling per place: `file://` + the real absolute path (symlinks resolved) on a local
+        disk, `protocol://` + the normalized path elsewhere. "./runs", "runs/", "file:///abs/runs"
+        and a symlink to it compare equal."""
+        if self.is_local:
+            return "file://" + os.path.realpath(os.path.abspath(self.path))
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        path = posixpath.normpath("/" + self.path.strip("/")).lstrip("/")
+        return f"{protocol}://{path}"
 
     @property
     def is_local(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ktrainer.module import LogOptions
+from ktrainer.progress import RunningSums
 from ktrainer.step import APPLIED, BATCH_SIZE, SKIPPED
 
 __all__ = ["EpochMetrics", "metric_names"]
@@ -23,32 +24,31 @@ def metric_names(name: str, options: LogOptions) -> tuple[str | None, str | None
 
 
 class EpochMetrics:
-    """Accumulates one epoch (or one evaluation) of per-step values.
+    """Names and means of one epoch (or one evaluation) of per-step values.
 
     Epoch values are means over the examples seen: each step's value is weighted by its
-    batch size, so a smaller last batch counts for what it is.
+    batch size, so a smaller last batch counts for what it is. The sums themselves live in a
+    `RunningSums` (for training, the one `Progress` owns, so a checkpoint holds them).
 
     Args:
         options: The LogOptions of every logged name, as recorded by `Module.log`.
+        sums: The running sums to add to; default: fresh ones.
     """
 
-    def __init__(self, options: dict[str, LogOptions]) -> None:
+    def __init__(self, options: dict[str, LogOptions], sums: RunningSums | None = None) -> None:
         self.options = options
-        self._sums: dict[str, float] = {}
-        self._examples = 0.0
+        self.sums = sums if sums is not None else RunningSums()
         self._shown: set[str] | None = None
-        self.steps = 0
+
+    @property
+    def steps(self) -> int:
+        """Steps added so far."""
+        return self.sums.steps
 
     def add(self, outputs: dict[str, np.ndarray]) -> None:
         """Add the per-step values of one execution."""
-        sizes = outputs[BATCH_SIZE].astype(np.float64)
-        self.steps += len(sizes)
-        self._examples += float(sizes.sum())
-        for name, values in outputs.items():
-            if name in _PRIVATE:
-                continue
-            weighted = float(np.dot(values.astype(np.float64), sizes))
-            self._sums[name] = self._sums.get(name, 0.0) + weighted
+        values = {name: v for name, v in outputs.items() if name not in _PRIVATE}
+        self.sums.add(values, outputs[BATCH_SIZE])
 
     def step_metrics(self, outputs: dict[str, np.ndarray], index: int) -> dict[str, float]:
         """The step metrics of step `index` of one execution, under their logged names."""
@@ -63,24 +63,12 @@ class EpochMetrics:
 
     def epoch_metrics(self) -> dict[str, float]:
         """The epoch means so far, under their logged names (empty before any step)."""
-        if self._examples == 0:
-            return {}
         metrics = {}
-        for name, total in self._sums.items():
+        for name, mean in self.sums.means().items():
             _, epoch_name = metric_names(name, self.options[name])
             if epoch_name is not None:
-                metrics[epoch_name] = total / self._examples
+                metrics[epoch_name] = mean
         return metrics
-
-    def state_dict(self) -> dict:
-        """The running sums (for a checkpoint taken mid-epoch)."""
-        return {"sums": dict(self._sums), "examples": self._examples, "steps": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from `state_dict`'s sums."""
-        self._sums = dict(state["sums"])
-        self._examples = float(state["examples"])
-        self.steps = int(state["steps"])
 
     def prog_bar_names(self) -> set[str]:
         """Names, as logged per step, of the values shown in the progress bar."""

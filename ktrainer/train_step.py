@@ -67,6 +67,31 @@ class TrainStep:
             self._count = tf.Variable(0, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
                                       **local)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The gradients accumulated so far in a partial group (empty without accumulation).
+
+        Under several replicas each keeps its own sums; reading gives their total and loading
+        splits it evenly, which the all-replica sum of the update does not notice.
+        """
+        if self.accumulate == 1:
+            return {}
+        return {"count": self._count, "sums": {f"{i:05d}": total for i, total in enumerate(self._sums)}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a partial group's accumulated gradients."""
+        if self.accumulate == 1 or not state:
+            return
+        sums = list(state["sums"].values())
+        if len(sums) != len(self._sums) or int(state["count"]) >= self.accumulate:
+            raise ValueError(
+                f"The checkpoint holds a partial gradient-accumulation group of {len(sums)} variables and "
+                f"{int(state['count'])} batches; this run accumulates {self.accumulate} batches over "
+                f"{len(self._sums)} variables. Resume with the same accumulate_grad_batches."
+            )
+        for total, value in zip(self._sums, sums, strict=True):
+            total.assign(value)
+        self._count.assign(int(state["count"]))
+
     def forward(self, batch: Any) -> dict[str, tf.Tensor]:
         """Loss and logs of a batch, without gradients (used to discover the output keys)."""
         _, logs = self._loss_and_logs(batch)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -14,15 +15,30 @@ import tensorflow as tf
 
 from ktrainer.callbacks import Callback, ModelCheckpoint
 from ktrainer.callbacks.lr_monitor import current_learning_rate
-from ktrainer.checkpoint.resume import find_checkpoint, resume
+from ktrainer.checkpoint.resume import Resumable, check_ckpt_path, find_checkpoint
+from ktrainer.checkpoint.variables import assign_all, keyed, mismatches
+from ktrainer.components import check_checkpoint_dirs, check_global_batch, check_keys, unique_keys
 from ktrainer.data import BatchSource, batches_per_epoch
-from ktrainer.errors import check_choice, check_count_or_fraction, check_int, check_module_hooks
+from ktrainer.errors import (
+    check_bool,
+    check_choice,
+    check_count_or_fraction,
+    check_int,
+    check_module_hooks,
+    check_path,
+    check_storage_options,
+)
+from ktrainer.fs import Location
 from ktrainer.loggers import Logger
 from ktrainer.metrics import EpochMetrics
 from ktrainer.module import Module
 from ktrainer.precision import LayerPrecision, resolve_precision
 from ktrainer.precision.advice import hardware_advice
 from ktrainer.precision.report import check_output_dtype, keep_float32, log_report, precision_report
+from ktrainer.preemption import DEFAULT_SIGNALS, Preempted, SignalWatcher, check_signals
+from ktrainer.progress import Progress, draw_seed
+from ktrainer.random_state import capture_random_state, restore_random_state
+from ktrainer.run import RunIdentity
 from ktrainer.state import TrainerState
 from ktrainer.step import APPLIED, LOSS_SCALE, SKIPPED, CompiledSteps, EvalStep, compile_predict_step, discover_outputs
 from ktrainer.strategies import LR_SCALINGS, per_replica_mean_losses, plan_devices, scale_learning_rate
@@ -85,6 +101,11 @@ class Trainer:
         logger: True (a TensorBoardLogger), False/None, a Logger, or a list of Loggers.
         enable_progress_bar: Show the progress bar.
         enable_checkpointing: Add a default ModelCheckpoint (unless one is among the callbacks).
+        preemption_signals: Signals that stop fit cleanly: finish the step, save a checkpoint, run
+            the hooks, close the loggers, raise `Preempted` (exit status 128 + signal). Default
+            SIGTERM (spot VMs, Kubernetes) and SIGUSR1 (SLURM's --signal); None: not watched.
+        allow_global_batch_change: Let a run resume a checkpoint saved with another global batch
+            size (other devices or batch_size); the data position is carried over in examples.
 
     Raises:
         ValueError: For any argument value that is not supported, naming the allowed ones.
@@ -119,6 +140,8 @@ class Trainer:
         logger: bool | Logger | Sequence[Logger] | None = True,
         enable_progress_bar: bool = True,
         enable_checkpointing: bool = True,
+        preemption_signals: Sequence[str | int] | None = DEFAULT_SIGNALS,
+        allow_global_batch_change: bool = False,
     ) -> None:
         self.max_steps = check_int("max_steps", max_steps, minimum=1, allow_none=True)
         self.max_epochs = check_int("max_epochs", max_epochs, minimum=1, allow_none=True)
@@ -147,11 +170,11 @@ class Trainer:
         self.steps_per_execution = check_int("steps_per_execution", steps_per_execution, minimum=1)
         self.seed = check_int("seed", seed, minimum=0, allow_none=True)
         self.fast_dev_run = check_fast_dev_run(fast_dev_run)
-        if not isinstance(default_root_dir, str) or not default_root_dir:
-            raise ValueError(f"default_root_dir must be a non-empty path or URL string, got {default_root_dir!r}.")
-        self.default_root_dir = default_root_dir
-        self.storage_options = dict(storage_options or {})
-        self.enable_checkpointing = bool(enable_checkpointing)
+        self.default_root_dir = check_path("default_root_dir", default_root_dir)
+        self.storage_options = check_storage_options("storage_options", storage_options)
+        self.enable_checkpointing = check_bool("enable_checkpointing", enable_checkpointing)
+        self.preemption_signals = check_signals(preemption_signals)
+        self.allow_global_batch_change = check_bool("allow_global_batch_change", allow_global_batch_change)
         if self.fast_dev_run:
             n = self.fast_dev_run
             self.max_epochs, self.max_steps = 1, None
@@ -163,25 +186,39 @@ class Trainer:
                                             self.enable_checkpointing)
         for each in self.loggers:
             each.attach(self.default_root_dir, self.storage_options)
+        check_checkpoint_dirs(self.callbacks, self.default_root_dir, self.storage_options)
 
-        self.global_step = 0
-        self.current_epoch = 0
+        self.progress = Progress(shuffle_seed=self.seed if self.seed is not None else draw_seed())
+        self.run = RunIdentity()
         self.should_stop = False
         self.callback_metrics: dict[str, float] = {}
         self.logged_metrics: dict[str, float] = {}
         self.progress_bar_metrics: dict[str, float] = {}
         self.num_training_batches: int | None = None
-        self.skipped_steps = 0
         self.optimizer: keras.optimizers.Optimizer | None = None
         self.strategy: tf.distribute.Strategy | None = None
         self.lr_factor = 1.0
         self._module: Module | None = None
         self.state = TrainerState()
-        self._epoch_metrics: EpochMetrics | None = None
-        self._resumed_epoch_metrics: dict | None = None
-        self._shuffle_seed = self.seed if self.seed is not None else int(np.random.SeedSequence().entropy % 2**31)
+        self._train_step: TrainStep | None = None
+        self._signals = SignalWatcher(())
 
     # ----- public API -----------------------------------------------------------------
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (skipped ones included): `progress.global_step`."""
+        return self.progress.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        """The current epoch, 0-based (after fit: the number of epochs completed): `progress.epoch`."""
+        return self.progress.epoch
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped for non-finite gradients under loss scaling: `progress.skipped_steps`."""
+        return self.progress.skipped_steps
 
     @property
     def logger(self) -> Logger | None:
@@ -204,6 +241,100 @@ class Trainer:
         replicas = self.strategy.num_replicas_in_sync if self.strategy is not None else 1
         return self.batch_size * replicas
 
+    @property
+    def checkpoint_dir(self) -> Location:
+        """Where `ckpt_path="last"`/`"best"` look: the first ModelCheckpoint's dirpath, else `{root}/checkpoints`."""
+        callback = self.checkpoint_callback
+        if callback is not None:
+            return callback.resolve_location(self.default_root_dir, self.storage_options)
+        return Location(f"{self.default_root_dir.rstrip('/')}/checkpoints", self.storage_options)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a checkpoint holds to continue this run exactly, by section.
+
+        Sections: "model" and "optimizer" (every variable, by "index:path"; the live variables,
+        read when written), "accumulation" (a partial gradient-accumulation group), "progress",
+        "random", "callbacks" and "loggers" (each one's state_dict by its unique key),
+        "precision", and "run" (id, lineage, global batch size, precision, hyperparameters).
+
+        Raises:
+            RuntimeError: Before the model and optimizer are built (inside fit).
+        """
+        module = self._module
+        if module is None or module.model is None or self.optimizer is None or self._train_step is None:
+            raise RuntimeError("Trainer.state_dict() needs a built model and optimizer: call it during fit "
+                               "(e.g. from a callback).")
+        return {
+            "model": keyed(module.model.variables),
+            "optimizer": keyed(self.optimizer.variables),
+            "accumulation": self._train_step.state_dict(),
+            "progress": self.progress.state_dict(),
+            "random": capture_random_state(),
+            "callbacks": {key: cb.state_dict() for key, cb in unique_keys(self.callbacks).items()},
+            "loggers": {key: lg.state_dict() for key, lg in unique_keys(self._writing_loggers()).items()},
+            "precision": self.precision.state_dict(),
+            "run": {"run_id": self.run.run_id, "lineage": list(self.run.lineage), "parent": self.run.parent,
+                    "global_batch_size": self.global_batch_size, "precision": self.precision.name,
+                    "hparams": _jsonable(module.hparams)},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from what `state_dict()` returned (a checkpoint's state): everything, or nothing.
+
+        Every check runs before anything is loaded: the variables must match the model's and
+        optimizer's (names and shapes), and the global batch size the saved one (unless
+        `allow_global_batch_change`). Callbacks and loggers are matched by key; a key on one side
+        only is named in a warning.
+
+        Raises:
+            ValueError: When the checkpoint does not fit this model, optimizer or global batch.
+        """
+        module = self._module
+        problems = (mismatches("model", state["model"], module.model.variables)
+                    + mismatches("optimizer", state["optimizer"], self.optimizer.variables))
+        if problems:
+            listed = "\n  ".join(problems[:8])
+            raise ValueError("The checkpoint does not match this model and optimizer; nothing was loaded. "
+                             f"First mismatches:\n  {listed}")
+        progress = check_global_batch(state["progress"], state["run"]["global_batch_size"], self.global_batch_size,
+                                      self.allow_global_batch_change)
+        callbacks = unique_keys(self.callbacks)
+        loggers = unique_keys(self._writing_loggers())
+        check_keys("callbacks", state.get("callbacks", {}), callbacks)
+        if self.is_global_zero:
+            check_keys("loggers", state.get("loggers", {}), loggers)
+        assign_all(state["model"], module.model.variables)
+        assign_all(state["optimizer"], self.optimizer.variables)
+        self._train_step.load_state_dict(state.get("accumulation", {}))
+        self.progress.load_state_dict(progress)
+        for section, components in (("callbacks", callbacks), ("loggers", loggers)):
+            saved = state.get(section, {})
+            for key, component in components.items():
+                if key in saved:
+                    component.load_state_dict(saved[key])
+        self.precision.load_state_dict(state.get("precision", {}))
+        restore_random_state(state["random"])
+        if state["run"]["precision"] != self.precision.name:
+            log.warning("Resuming a %s checkpoint under precision=%r.", state["run"]["precision"], self.precision.name)
+
+    def save_checkpoint(self) -> list[str]:
+        """Save a checkpoint now through every ModelCheckpoint, and wait until it is committed.
+
+        Returns:
+            The URLs of the checkpoints saved (empty outside the chief, or without a ModelCheckpoint).
+        """
+        return self._save_checkpoints("manual")
+
+    def _save_checkpoints(self, reason: str) -> list[str]:
+        saved = []
+        for callback in self.callbacks:
+            if isinstance(callback, ModelCheckpoint):
+                callback.save(self, reason=reason)
+                callback.wait()
+                if callback.last_saved:
+                    saved.append(callback.last_saved)
+        return saved
+
     def precision_report(self, module: Module | None = None) -> dict[str, LayerPrecision]:
         """Compute and variable dtype of every layer of the module's model, by layer name.
 
@@ -222,48 +353,78 @@ class Trainer:
                                "(or validate/test/predict), or pass the module.")
         return precision_report(module.model)
 
-    def fit(self, module: Module, train_data: Any = None, val_data: Any = None, ckpt_path: str | None = None) -> None:
+    def fit(self, module: Module, train_data: Any = None, val_data: Any = None,
+            ckpt_path: str | os.PathLike | None = None) -> None:
         """Train `module`: build it, then run epochs of training (and validation) until a limit.
 
         Args:
             module: The Module to train.
             train_data: Training data; None: `module.train_data()`.
             val_data: Validation data; None: `module.val_data()` (None there: no validation).
-            ckpt_path: Resume from "last" or "best" (under the run's checkpoint directory) or a
-                checkpoint URI: the run continues as if it had never stopped.
+            ckpt_path: Resume from "last" (the most recently committed checkpoint under the run's
+                checkpoint directory), "best" (by the monitor its manifests record), or a
+                checkpoint's path or URI: the run continues as if it had never stopped.
 
         Raises:
             TypeError: If the module lacks a required hook.
-            ValueError: If there is no training data, or it is empty, or the checkpoint does not fit.
+            ValueError: If an argument is wrong, there is no training data, or the checkpoint does
+                not fit (nothing is loaded).
             CheckpointError: If `ckpt_path` names no valid checkpoint.
+            Preempted: After a preemption signal, once a checkpoint is saved (a SystemExit).
         """
         check_module_hooks(module, Module, ("build", "configure_optimizers", "training_step"))
-        with self._run("fit", module):
-            checkpoint = find_checkpoint(self, ckpt_path) if ckpt_path is not None else None
+        ckpt_path = check_ckpt_path(ckpt_path)
+        self.run = RunIdentity()
+        with self._run("fit", module), SignalWatcher(self.preemption_signals) as self._signals:
+            resumed = find_checkpoint(ckpt_path, self.checkpoint_dir, self.storage_options) if ckpt_path else None
+            if resumed is not None:
+                check_global_batch(resumed.state["progress"], resumed.state["run"]["global_batch_size"],
+                                   self.global_batch_size, self.allow_global_batch_change)
             train = self._source(train_data, module.train_data, "train_data", training=True, required=True)
             val = None
             if self.limit_val_batches != 0:
                 val = self._source(val_data, module.val_data, "val_data", training=False, required=False)
             self._build(module, with_optimizer=True)
             self.num_training_batches = batches_per_epoch(train, self.limit_train_batches)
-            train_step = TrainStep(module, self.optimizer, self.precision, self.strategy,
-                                   gradient_clip_val=self.gradient_clip_val,
-                                   accumulate_grad_batches=self.accumulate_grad_batches)
+            train_step = self._train_step = TrainStep(module, self.optimizer, self.precision, self.strategy,
+                                                      gradient_clip_val=self.gradient_clip_val,
+                                                      accumulate_grad_batches=self.accumulate_grad_batches)
             with self.strategy.scope():
-                keys = discover_outputs(train_step.forward, train.epoch(0).element_spec)
+                keys = discover_outputs(train_step.forward, train.element_spec)
                 self.optimizer.build(module.model.trainable_variables)
                 train_step.build()
-            if checkpoint is not None:
-                resume(self, module, *checkpoint)
+            if resumed is not None:
+                self._resume(resumed)
             train_runner = CompiledSteps(train_step, self.strategy, keys)
             val_runner = self._eval_runner(module, val, "validation_step", "val") if val else None
             self._val_batches = batches_per_epoch(val, self.limit_val_batches) if val else None
             self._log_batch_and_rate(train)
             self._log_hyperparameters(module)
             self._call("on_fit_start", module)
-            while not self._finished():
-                self._train_epoch(module, train, train_step, train_runner, val, val_runner)
+            try:
+                while not self._finished():
+                    self._check_for_preemption()
+                    self._train_epoch(module, train, train_step, train_runner, val, val_runner)
+            except _PreemptionRequested as request:
+                self._stop_for_preemption(request.signum)
             self._call("on_fit_end", module)
+
+    def _resume(self, resumed: Resumable) -> None:
+        """Load a checkpoint into the built run (all or nothing) and note where the run continues from."""
+        self.load_state_dict(resumed.state)
+        saved_run = resumed.state["run"]
+        self.run = self.run.resumed(resumed.canonical_url, resumed.info.committed, saved_run.get("lineage", []))
+        log.info("Resumed from %s at step %d (epoch %d, batch %d).", resumed.info.url, self.global_step,
+                 self.current_epoch, self.progress.batch_in_epoch)
+
+    def _stop_for_preemption(self, signum: int) -> None:
+        """Save a checkpoint at the step reached (waiting for a save in flight), then raise Preempted."""
+        saved = self._save_checkpoints("preemption") if self.is_global_zero else []
+        if not saved and self.checkpoint_callback is not None:
+            saved = [self.checkpoint_callback.last_saved] if self.checkpoint_callback.last_saved else []
+        preempted = Preempted(signum, self.global_step, saved[0] if saved else None)
+        log.warning("%s Resume with ckpt_path='last'.", preempted)
+        raise preempted
 
     def validate(self, module: Module, data: Any = None) -> dict[str, float]:
         """Run `module.validation_step` over the validation data.
@@ -323,94 +484,102 @@ class Trainer:
 
     def _train_epoch(self, module: Module, train: BatchSource, train_step: TrainStep,
                      runner: CompiledSteps, val: BatchSource | None, val_runner: CompiledSteps | None) -> None:
+        progress = self.progress
         self.state.at_epoch_end = self.state.validated_this_epoch = False
-        self.state.first_batch_of_epoch = self.state.batch_in_epoch
+        self.state.first_batch_of_epoch = progress.batch_in_epoch
+        progress.start_epoch()
         module.on_train_epoch_start()
         self._call("on_train_epoch_start", module)
-        metrics = self._epoch_metrics = EpochMetrics(module._log_options)
-        if self._resumed_epoch_metrics is not None:
-            metrics.load_state_dict(self._resumed_epoch_metrics)
-            self._resumed_epoch_metrics = None
+        metrics = EpochMetrics(module._log_options, progress.epoch_sums)
+        if progress.pending_validation and val is not None:
+            self._validate_in_fit(module, val, val_runner)
         dataset = self.strategy.experimental_distribute_dataset(
-            train.epoch(self.current_epoch, self.state.batch_in_epoch))
+            train.epoch(progress.epoch, progress.batch_in_epoch, progress.shuffle_seed))
         iterator = iter(dataset)
-        last_log_time, last_log_step = time.monotonic(), self.global_step
+        last_log_time, last_log_step = time.monotonic(), progress.global_step
         exhausted = False
         while not self.should_stop:
             num_steps = self._steps_in_next_execution()
             if num_steps == 0:
                 break
-            self._call("on_train_batch_start", module, self.state.batch_in_epoch)
+            self._call("on_train_batch_start", module, progress.batch_in_epoch)
             outputs = runner.run(iterator, num_steps)
             ran = len(outputs[APPLIED])
             if ran == 0:
-                if self.state.batch_in_epoch == 0:
+                if progress.batch_in_epoch == 0:
                     raise ValueError("train_data yielded no batch: the training data is empty.")
                 exhausted = True
                 break
             metrics.add(outputs)
             stepped = outputs[APPLIED].astype(bool)
-            steps_after = self.global_step + np.cumsum(stepped)
-            skips_after = self.skipped_steps + np.cumsum(outputs[SKIPPED].astype(np.int64))
+            steps_after = progress.global_step + np.cumsum(stepped)
+            skips_after = progress.skipped_steps + np.cumsum(outputs[SKIPPED].astype(np.int64))
             log_at = np.flatnonzero(stepped & (steps_after % self.log_every_n_steps == 0))
             for index in log_at:
-                self.global_step = int(steps_after[index])
+                progress.global_step = int(steps_after[index])
                 now = time.monotonic()
-                extra = throughput(self.global_step - last_log_step, now - last_log_time,
-                                    self.global_batch_size * self.accumulate_grad_batches)
+                extra = throughput(progress.global_step - last_log_step, now - last_log_time,
+                                   self.global_batch_size * self.accumulate_grad_batches)
                 if self.precision.loss_scaling:
                     extra[SKIPPED_STEPS] = int(skips_after[index])
                 self.log_metrics({**metrics.step_metrics(outputs, index), **extra})
-                last_log_time, last_log_step = now, self.global_step
+                last_log_time, last_log_step = now, progress.global_step
             self.state.logged_step_in_last_execution = len(log_at) > 0
-            self.global_step = int(steps_after[-1])
-            self.skipped_steps = int(skips_after[-1])
+            progress.global_step = int(steps_after[-1])
+            progress.skipped_steps = int(skips_after[-1])
+            progress.batch_in_epoch += ran
             scale = outputs.get(LOSS_SCALE)
             self.precision.watch(outputs[SKIPPED][stepped], None if scale is None else float(scale[-1]))
-            self.state.batch_in_epoch += ran
             step_metrics = metrics.step_metrics(outputs, ran - 1)
             self._remember(step_metrics, metrics)
-            self._call("on_train_batch_end", module, step_metrics, self.state.batch_in_epoch - 1)
+            self._call("on_train_batch_end", module, step_metrics, progress.batch_in_epoch - 1)
+            self._check_for_preemption()
             if val is not None and self._val_due_within_epoch():
                 self._validate_in_fit(module, val, val_runner)
             if ran < num_steps:
                 exhausted = True
                 break
-            if self.max_steps is not None and self.global_step >= self.max_steps:
+            if self.max_steps is not None and progress.global_step >= self.max_steps:
                 break
         epoch_ended = exhausted or (self.num_training_batches is not None
-                                    and self.state.batch_in_epoch >= self.num_training_batches)
-        self.state.epoch_ended = epoch_ended
+                                    and progress.batch_in_epoch >= self.num_training_batches)
         if epoch_ended:
             stepped, skipped = train_step.flush()
-            self.global_step += int(stepped)
-            self.skipped_steps += int(skipped)
+            progress.global_step += int(stepped)
+            progress.skipped_steps += int(skipped)
         self.state.at_epoch_end = True
         if val is not None and self._val_due_at_epoch_end():
             self._validate_in_fit(module, val, val_runner)
         epoch_values = metrics.epoch_metrics()
         self.log_metrics(epoch_values)
         self._remember(epoch_values, metrics)
+        progress.epoch_done = epoch_ended
         module.on_train_epoch_end()
         self._call("on_train_epoch_end", module)
         for each in self._writing_loggers():
             each.flush()
         train.end_epoch()
         if epoch_ended:
-            self.current_epoch += 1
-            self.state.batch_in_epoch = 0
+            progress.next_epoch()
 
     def _steps_in_next_execution(self) -> int:
+        progress = self.progress
         steps = self.steps_per_execution
         if self.num_training_batches is not None:
-            steps = min(steps, self.num_training_batches - self.state.batch_in_epoch)
+            steps = min(steps, self.num_training_batches - progress.batch_in_epoch)
         if self.max_steps is not None:
-            pending = self.state.batch_in_epoch % self.accumulate_grad_batches
-            steps = min(steps, (self.max_steps - self.global_step) * self.accumulate_grad_batches - pending)
+            pending = progress.batch_in_epoch % self.accumulate_grad_batches
+            steps = min(steps, (self.max_steps - progress.global_step) * self.accumulate_grad_batches - pending)
         interval = self._val_interval_batches()
         if interval is not None:
-            steps = min(steps, interval - self.state.batch_in_epoch % interval)
+            steps = min(steps, interval - progress.batch_in_epoch % interval)
         return max(steps, 0)
+
+    def _check_for_preemption(self, outputs: dict[str, np.ndarray] | None = None) -> None:
+        """Stop at this point when a preemption signal arrived (agreed by every worker in multi-worker runs)."""
+        received = self._signals.received
+        if received is not None:
+            raise _PreemptionRequested(received)
 
     def _finished(self) -> bool:
         if self.should_stop:
@@ -431,9 +600,10 @@ class Trainer:
 
     def _val_due_within_epoch(self) -> bool:
         interval = self._val_interval_batches()
-        if interval is None or self.state.batch_in_epoch % interval:
+        batch = self.progress.batch_in_epoch
+        if interval is None or batch % interval:
             return False
-        return self.num_training_batches is None or self.state.batch_in_epoch < self.num_training_batches
+        return self.num_training_batches is None or batch < self.num_training_batches
 
     def _val_due_at_epoch_end(self) -> bool:
         every = self.check_val_every_n_epoch
@@ -442,8 +612,12 @@ class Trainer:
         return every is not None and (self.current_epoch + 1) % every == 0
 
     def _validate_in_fit(self, module: Module, val: BatchSource, runner: CompiledSteps) -> None:
+        """A validation run inside fit. Preempted part-way, it is marked pending, and a resumed run repeats it
+        (at an epoch end, the whole epoch end is repeated: the epoch is not marked done until it ran)."""
+        self.progress.pending_validation = not self.state.at_epoch_end
         self._call("on_validation_start", module)
-        metrics = self._run_eval(module, val, runner, self._val_batches)
+        metrics = self._run_eval(module, val, runner, self._val_batches, preemptible=True)
+        self.progress.pending_validation = False
         self.log_metrics(metrics)
         self.state.validated_this_epoch = self.state.at_epoch_end
         self._call("on_validation_end", module)
@@ -465,14 +639,16 @@ class Trainer:
 
     def _eval_runner(self, module: Module, source: BatchSource, hook: str, prefix: str) -> CompiledSteps:
         step = EvalStep(module, hook, prefix)
-        keys = discover_outputs(step, source.epoch(0).element_spec)
+        keys = discover_outputs(step, source.element_spec)
         return CompiledSteps(step, self.strategy, keys)
 
     def _run_eval(self, module: Module, source: BatchSource, runner: CompiledSteps,
-                  num_batches: int | None) -> dict[str, float]:
+                  num_batches: int | None, *, preemptible: bool = False) -> dict[str, float]:
         metrics = EpochMetrics(module._log_options)
         iterator = iter(self.strategy.experimental_distribute_dataset(source.epoch(0)))
         while num_batches is None or metrics.steps < num_batches:
+            if preemptible:
+                self._check_for_preemption()
             wanted = self.steps_per_execution
             if num_batches is not None:
                 wanted = min(wanted, num_batches - metrics.steps)
@@ -568,7 +744,7 @@ class Trainer:
                     f"or return it from the module's {what.split()[0]}() hook."
                 )
             return None
-        source = BatchSource(data, self.global_batch_size, shuffle=training, seed=self._shuffle_seed, what=what,
+        source = BatchSource(data, self.global_batch_size, shuffle=training, what=what,
                              drop_remainder=training and self.strategy.num_replicas_in_sync > 1)
         if training and source.is_infinite and not isinstance(self.limit_train_batches, int):
             raise ValueError(
@@ -612,3 +788,13 @@ class Trainer:
     def _call(self, hook: str, module: Module, *args: Any) -> None:
         for callback in self.callbacks:
             getattr(callback, hook)(self, module, *args)
+
+
+class _PreemptionRequested(Exception):  # noqa: N818 - a signal to unwind the loop, caught by fit
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if isinstance(v, bool | int | float | str | type(None)) else str(v) for k, v in values.items()}

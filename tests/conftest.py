@@ -25,7 +25,11 @@ def quiet() -> dict:
 @pytest.fixture(scope="session")
 def s3_server():
     """A real S3-compatible server (moto) on 127.0.0.1, with dummy credentials in the environment."""
+    import logging
+
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns a failure's report
 
     for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                         "AWS_DEFAULT_REGION": "us-east-1"}.items():

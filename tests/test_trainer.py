@@ -48,7 +48,7 @@ def test_max_steps_stops_mid_epoch(quiet):
     trainer.fit(Classifier())
     assert trainer.global_step == 5
     assert trainer.current_epoch == 0
-    assert trainer.state.batch_in_epoch == 5
+    assert trainer.progress.batch_in_epoch == 5
 
 
 def test_limit_train_batches_int_and_fraction(quiet):

@@ -89,5 +89,14 @@ class Callback:
 
     @property
     def state_key(self) -> str:
-        """The key of this callback's state in a checkpoint."""
+        """The key of this callback's state in a checkpoint.
+
+        The class name by default; built-ins that a run may hold several of add the arguments that
+        tell them apart (e.g. `EarlyStopping{'monitor': 'val/loss', 'mode': 'min'}`). Two callbacks
+        with the same key are numbered by the Trainer (`key#2`).
+        """
         return type(self).__qualname__
+
+    def _state_key_with(self, **identity: Any) -> str:
+        """A state key from the class name and the arguments that identify this instance."""
+        return f"{type(self).__qualname__}{identity!r}"

@@ -76,6 +76,11 @@ class EarlyStopping(Callback):
             log.info("EarlyStopping: %s did not improve for %d checks (best %.6g); stopping.",
                      self.monitor, self.wait, self.best)
 
+    @property
+    def state_key(self) -> str:
+        """The class, the monitored metric and the mode: two EarlyStopping callbacks keep separate state."""
+        return self._state_key_with(monitor=self.monitor, mode=self.mode)
+
     def state_dict(self) -> dict[str, Any]:
         """Best value, checks waited and the epoch it stopped at."""
         return {"best": self.best, "wait": self.wait, "stopped_epoch": self.stopped_epoch}

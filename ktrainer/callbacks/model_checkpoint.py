@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import importlib
+import json
 import logging
 import math
 import os
+import sys
 import tempfile
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+import warnings
 from typing import Any
 
+import keras
+
 from ktrainer.callbacks.callback import Callback
-from ktrainer.checkpoint.manager import CheckpointManager, checkpoint_name
-from ktrainer.checkpoint.resume import capture_trainer_state, versions
-from ktrainer.checkpoint.state import TrainingState
-from ktrainer.errors import check_choice, check_int
+from ktrainer.checkpoint.async_io import AsyncCheckpointIO
+from ktrainer.checkpoint.format import checkpoint_name
+from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
+from ktrainer.checkpoint.io import CheckpointInfo
+from ktrainer.checkpoint.retention import Entry, Retention, to_delete
+from ktrainer.checkpoint.snapshot import freeze, to_files
+from ktrainer.errors import check_bool, check_choice, check_int, check_path, check_storage_options
 from ktrainer.fs import Location
+from ktrainer.run import MAX_LINEAGE
 
 __all__ = ["ModelCheckpoint"]
 
@@ -26,21 +35,23 @@ class ModelCheckpoint(Callback):
     """Writes checkpoints of the full training state and prunes them (the one owner of retention).
 
     A checkpoint holds the model's variables, the optimizer's (slots, iteration count, loss-scale
-    variables), the Trainer's progress (step, epoch, batch within the epoch), the random state,
-    every callback's state, the logger version and the hyperparameters: `trainer.fit(module,
-    ckpt_path=...)` continues from it as if the run had never stopped.
+    variables), the run's `Progress` (step, epoch, batch within the epoch, the epoch's running
+    metric sums, the shuffle seed), the random state, every callback's and logger's state and the
+    hyperparameters: `trainer.fit(module, ckpt_path=...)` continues from it as if the run had
+    never stopped. Every save commits this run's state, also over a checkpoint of the same name
+    left by another run or an abandoned branch (atomically: see `FsspecCheckpointIO`).
 
     When to save: every `every_n_train_steps` optimizer steps, every `every_n_epochs` epochs, every
     `train_time_interval` seconds, and at the end of fit with `save_last`. With none of the first
     three given, every epoch.
 
-    What to keep, after each new checkpoint is committed and verified: the newest `max_to_keep`;
-    in addition the best `save_top_k` by `monitor` (the newest is never deleted for not being
-    among the best); every `keep_every_n_steps`-th step forever; and the checkpoint the run
-    resumed from. Nothing else in `dirpath` is touched.
+    What to keep, after each new checkpoint is committed: the newest `max_to_keep` by commit
+    order; the best `save_top_k` by `monitor`; every `keep_every_n_steps`-th step; the newest; the
+    checkpoint the run resumed from. Only checkpoints this callback wrote (in this run or a run
+    with the same callback settings) are deleted; a failed delete is a warning.
 
     Args:
-        dirpath: Where checkpoints go (any fsspec URL); None: `{default_root_dir}/checkpoints`.
+        dirpath: Where checkpoints go (a path or any fsspec URL); None: `{default_root_dir}/checkpoints`.
         every_n_train_steps: Save every N optimizer steps.
         every_n_epochs: Save every N epochs.
         train_time_interval: Save when this many seconds passed since the last save.
@@ -57,53 +68,93 @@ class ModelCheckpoint(Callback):
         storage_options: fsspec options for `dirpath`; default: the Trainer's.
 
     Raises:
-        ValueError: For bad intervals or counts, or `save_top_k` without `monitor`.
+        ValueError: For a bad value of any argument (named, with what is allowed), `save_top_k`
+            without `monitor`, or a `dirpath` that is an existing file.
     """
 
-    def __init__(self, dirpath: str | None = None, *, every_n_train_steps: int | None = None,
+    def __init__(self, dirpath: str | os.PathLike | None = None, *, every_n_train_steps: int | None = None,
                  every_n_epochs: int | None = None, train_time_interval: float | None = None,
                  save_last: bool = True, max_to_keep: int | None = 3, save_top_k: int = 0,
                  monitor: str | None = None, mode: str = "min", keep_every_n_steps: int | None = None,
                  verify: bool = True, verify_checksums: bool = False, async_save: bool = False,
                  export_keras: bool = False, storage_options: dict[str, Any] | None = None) -> None:
-        self.dirpath = dirpath
+        self.dirpath = check_path("dirpath", dirpath, allow_none=True)
+        if self.dirpath is not None and "://" not in self.dirpath and os.path.isfile(self.dirpath):
+            raise ValueError(f"dirpath={self.dirpath!r} is an existing file; ModelCheckpoint needs a directory "
+                             "(existing or not). Choose another dirpath.")
         self.every_n_train_steps = check_int("every_n_train_steps", every_n_train_steps, minimum=1, allow_none=True)
         self.every_n_epochs = check_int("every_n_epochs", every_n_epochs, minimum=1, allow_none=True)
         if train_time_interval is not None and not (isinstance(train_time_interval, int | float)
+                                                    and not isinstance(train_time_interval, bool)
                                                     and train_time_interval > 0):
             raise ValueError(f"train_time_interval must be seconds > 0 or None, got {train_time_interval!r}.")
         self.train_time_interval = train_time_interval
         if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
             self.every_n_epochs = 1
-        self.save_last = save_last
+        self.save_last = check_bool("save_last", save_last)
         self.max_to_keep = check_int("max_to_keep", max_to_keep, minimum=1, allow_none=True)
         self.save_top_k = check_int("save_top_k", save_top_k, minimum=0)
+        if monitor is not None and (not isinstance(monitor, str) or not monitor):
+            raise ValueError(f"monitor must be a metric name such as 'val/loss', or None; got {monitor!r}.")
         if self.save_top_k and not monitor:
             raise ValueError("save_top_k needs monitor=..., the metric that ranks checkpoints (e.g. 'val/loss').")
         self.monitor = monitor
         self.mode = check_choice("mode", mode, ("min", "max"))
         self.keep_every_n_steps = check_int("keep_every_n_steps", keep_every_n_steps, minimum=1, allow_none=True)
-        self.verify, self.verify_checksums = verify, verify_checksums
-        self.async_save, self.export_keras = async_save, export_keras
-        self.storage_options = storage_options
-        self.manager: CheckpointManager | None = None
+        self.verify = check_bool("verify", verify)
+        self.verify_checksums = check_bool("verify_checksums", verify_checksums)
+        self.async_save = check_bool("async_save", async_save)
+        self.export_keras = check_bool("export_keras", export_keras)
+        self.storage_options = None if storage_options is None else check_storage_options(
+            "storage_options", storage_options)
+        self.io: FsspecCheckpointIO | AsyncCheckpointIO | None = None
+        self.location: Location | None = None
         self.resumed_from: str | None = None
-        self.best_k: list[dict[str, Any]] = []
         self.last_saved: str | None = None
+        self.best_value: float | None = None
         self._last_saved_step = -1
         self._last_time = time.monotonic()
-        self._executor: ThreadPoolExecutor | None = None
-        self._pending: Future | None = None
+        self._saves = 0
+        self._commit_floor = 0.0
+        self._trainer: Any = None
+        self._module: Any = None
 
-    # ----- wiring -------------------------------------------------------------------------
+    @property
+    def state_key(self) -> str:
+        """The class and the settings that make it the same callback in another run (also its `owner`)."""
+        return self._state_key_with(dirpath=self.dirpath, monitor=self.monitor, mode=self.mode,
+                                    every_n_train_steps=self.every_n_train_steps, every_n_epochs=self.every_n_epochs,
+                                    train_time_interval=self.train_time_interval)
+
+    def resolve_location(self, default_root_dir: str, storage_options: dict[str, Any]) -> Location:
+        """Where this callback's checkpoints go, given the Trainer's root and storage options."""
+        options = self.storage_options if self.storage_options is not None else storage_options
+        return Location(self.dirpath or f"{default_root_dir.rstrip('/')}/checkpoints", options)
+
+    # ----- hooks ----------------------------------------------------------------------------
 
     def setup(self, trainer: Any, module: Any, stage: str) -> None:
-        """Resolve `dirpath` against the Trainer's root and storage options."""
-        if self.manager is None:
-            options = self.storage_options if self.storage_options is not None else trainer.storage_options
-            url = self.dirpath or f"{trainer.default_root_dir.rstrip('/')}/checkpoints"
-            self.manager = CheckpointManager(Location(url, options))
+        """Resolve `dirpath` and check it is not a file, before anything is written."""
+        self._trainer, self._module = trainer, module
+        if stage != "fit":
+            return
+        self.location = self.resolve_location(trainer.default_root_dir, trainer.storage_options)
+        if self.location.fs.isfile(self.location.path):
+            raise ValueError(f"ModelCheckpoint dirpath {self.location.url!r} is an existing file; it needs a "
+                             "directory (existing or not). Choose another dirpath.")
+        store = FsspecCheckpointIO(self.location, verify=self.verify, verify_checksums=self.verify_checksums)
+        self.io = AsyncCheckpointIO(store) if self.async_save else store
         self._last_time = time.monotonic()
+        self._saves = 0
+        self.resumed_from = None
+
+    def on_fit_start(self, trainer: Any, module: Any) -> None:
+        """Note the checkpoint the run resumed from (kept by retention) and when it was committed."""
+        run = trainer.run
+        self._commit_floor = run.parent_committed
+        if run.parent is not None:
+            parent, _, name = run.parent.rpartition("/")
+            self.resumed_from = name if parent == self.location.canonical_url else None
 
     def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
         """Save when a step or time trigger is due."""
@@ -112,21 +163,21 @@ class ModelCheckpoint(Callback):
         due_time = self.train_time_interval is not None and (
             time.monotonic() - self._last_time >= self.train_time_interval)
         if due_steps or due_time:
-            self.save(trainer)
+            self.save(trainer, reason="step" if due_steps else "time")
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         """Save at the end of every `every_n_epochs`-th epoch."""
-        if self.every_n_epochs is not None and trainer.state.epoch_ended and (
+        if self.every_n_epochs is not None and trainer.progress.epoch_done and (
                 (trainer.current_epoch + 1) % self.every_n_epochs == 0):
-            self.save(trainer)
+            self.save(trainer, reason="epoch")
 
     def on_fit_end(self, trainer: Any, module: Any) -> None:
-        """Save the final state with `save_last`, then wait for the last write."""
+        """Save the final state with `save_last`, then wait for the last write (raising its failure)."""
         if self.save_last:
-            self.save(trainer)
+            self.save(trainer, reason="last")
         self.wait()
         if self.export_keras and trainer.is_global_zero:
-            self._export(trainer, "last")
+            self._export("last")
 
     def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
         """Let a write in flight finish (its own failure is logged, not raised over the first error)."""
@@ -135,80 +186,134 @@ class ModelCheckpoint(Callback):
         except Exception as error:  # noqa: BLE001 - the first error is the one the user must see
             log.error("A background checkpoint save also failed: %r", error)
 
-    # ----- saving -------------------------------------------------------------------------
+    def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+        """Stop the background writer (after the write in flight), also after an error."""
+        if isinstance(self.io, AsyncCheckpointIO):
+            self.io.close()
 
-    def save(self, trainer: Any) -> None:
-        """Save now (the loop blocks only for the copy to host memory when `async_save`)."""
-        if not trainer.is_global_zero or trainer.global_step == self._last_saved_step:
+    # ----- saving -----------------------------------------------------------------------------
+
+    def save(self, trainer: Any, reason: str = "manual") -> None:
+        """Save the training state now (the loop blocks only for the copy to host memory when `async_save`).
+
+        Nothing happens outside the chief process, or when this step is already saved (by this
+        run, or as the checkpoint the run resumed from).
+
+        Args:
+            trainer: The Trainer.
+            reason: Why ("step", "epoch", "time", "last", "preemption", "manual"): recorded in the manifest.
+
+        Raises:
+            CheckpointError: When this save fails synchronously, or the previous background save failed.
+        """
+        if not trainer.is_global_zero or self.io is None or trainer.global_step == self._last_saved_step:
             return
         self.wait()  # at most one save in flight; raises a failure of the previous one
-        name = checkpoint_name(trainer.global_step)
+        step = trainer.global_step
+        self._saves += 1
+        run = trainer.run
+        save_id = f"{run.run_id}-{self._saves}"
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if math.isfinite(v)}
-        self._last_saved_step, self._last_time = trainer.global_step, time.monotonic()
-        self._rank(name, metrics)  # before the capture, so the checkpoint's own state knows itself
-        state = capture_trainer_state(trainer, copy=self.async_save)
-        info = {"step": trainer.global_step, **state.trainer["progress"], "metrics": metrics,
-                "monitor": self.monitor, "mode": self.mode, "hparams": state.trainer.get("hparams", {}),
-                "versions": versions()}
-        if self.export_keras and self.best_k and self.best_k[0]["name"] == name:
-            self._export(trainer, "best")  # in this thread: it reads the live model
-        best = [entry["name"] for entry in self.best_k[: self.save_top_k]]
+        self._last_saved_step, self._last_time = step, time.monotonic()
+        new_best = self._note_metric(metrics)
+        state = trainer.state_dict()  # after the updates above: the checkpoint's own state knows itself
         if self.async_save:
-            self._executor = self._executor or ThreadPoolExecutor(1, thread_name_prefix="ktrainer-ckpt")
-            self._pending = self._executor.submit(self._write, name, state, info, best)
-        else:
-            self._write(name, state, info, best)
+            state = freeze(state)  # the copy the loop waits for; the writing happens in the background
+        config = _model_config(self._module.model)
+        files = to_files(state, save_id, extra_json={"model_config": config} if config is not None else None)
+        progress = state["progress"]
+        fields = {"step": step, "epoch": progress["epoch"], "batch_in_epoch": progress["batch_in_epoch"],
+                  "metrics": metrics, "monitor": self.monitor, "mode": self.mode, "owner": self.state_key,
+                  "run_id": run.run_id, "parent": run.parent, "lineage": run.lineage[-MAX_LINEAGE:],
+                  "save_id": save_id, "reason": reason, "hparams": state["run"]["hparams"], "versions": _versions(),
+                  "global_batch_size": state["run"]["global_batch_size"], "precision": state["run"]["precision"]}
+        if self.export_keras and new_best:
+            self._export("best")  # in this thread: it reads the live model
+        self.io.write(checkpoint_name(step), files, fields, on_commit=self._committed, not_before=self._commit_floor)
 
     def wait(self) -> None:
         """Wait for the save in flight, if any; raise its error."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        if isinstance(self.io, AsyncCheckpointIO):
+            self.io.wait()
 
-    def _write(self, name: str, state: TrainingState, info: dict[str, Any], best: list[str]) -> None:
-        written = self.manager.save(name, state.to_files(), info, verify=self.verify,
-                                    verify_checksums=self.verify_checksums)
-        self.last_saved = written.url
-        log.info("Saved checkpoint %s (%.1f MB).", written.url, written.size / 1e6)
-        self._prune(written.name, best)
-
-    def _rank(self, name: str, metrics: dict[str, float]) -> None:
+    def _note_metric(self, metrics: dict[str, float]) -> bool:
+        """Track the best monitored value; True when this save is the best so far."""
         if not self.monitor:
-            return
+            return False
         value = metrics.get(self.monitor)
         if value is None:
-            log.warning("ModelCheckpoint(monitor=%r): no such metric at %s; this checkpoint is not ranked.",
-                        self.monitor, name)
+            log.warning("ModelCheckpoint(monitor=%r): no such metric at step %d; this checkpoint is not ranked.",
+                        self.monitor, self._last_saved_step)
+            return False
+        better = self.best_value is None or (value < self.best_value if self.mode == "min" else value > self.best_value)
+        if better:
+            self.best_value = value
+        return better
+
+    def _committed(self, info: CheckpointInfo) -> None:
+        self.last_saved = info.url
+        self._commit_floor = max(self._commit_floor, info.committed)
+        log.info("Saved checkpoint %s (%.1f MB).", info.url, info.size / 1e6)
+        self._prune(info.name)
+
+    def _prune(self, newest: str) -> None:
+        """Delete what the retention rules do not keep; a failed delete is a warning, never fatal."""
+        rules = Retention(self.max_to_keep, self.save_top_k, self.mode, self.keep_every_n_steps)
+        try:
+            listed = self.io.list()
+        except Exception as error:  # noqa: BLE001 - retention must never end training
+            warnings.warn(f"Could not list {self.location.url} to apply retention: {error!r}.", stacklevel=2)
             return
-        self.best_k.append({"name": name, "value": value})
-        self.best_k.sort(key=lambda entry: entry["value"], reverse=self.mode == "max")
-        del self.best_k[max(self.save_top_k, 1):]
+        entries = [self._entry(info) for info in listed]
+        protected = [newest] + ([self.resumed_from] if self.resumed_from else [])
+        for name in to_delete(entries, rules, owner=self.state_key, protected=protected,
+                              lineage=self._trainer.run.lineage if self._trainer else ()):
+            try:
+                self.io.delete(name)
+            except Exception as error:  # noqa: BLE001 - e.g. 403 on a write-once bucket: keep training
+                warnings.warn(f"Could not delete checkpoint {self.location.url}/{name} (retention): {error!r}. "
+                              "Training goes on; the checkpoint stays.", stacklevel=2)
 
-    def _prune(self, newest: str, best: list[str]) -> None:
-        checkpoints = self.manager.list()
-        valid = [c.name for c in checkpoints if c.valid]
-        keep = {newest, self.resumed_from, *best}
-        keep.update(valid[-self.max_to_keep:] if self.max_to_keep else valid)
-        if self.keep_every_n_steps:
-            keep.update(c.name for c in checkpoints if c.valid and c.step % self.keep_every_n_steps == 0)
-        for checkpoint in checkpoints:
-            if checkpoint.name not in keep:
-                self.manager.delete(checkpoint.name)  # old ones, and leftovers of interrupted saves
+    def _entry(self, info: CheckpointInfo) -> Entry:
+        fields = info.fields
+        metrics = fields.get("metrics")
+        value = metrics.get(self.monitor) if self.monitor and isinstance(metrics, dict) else None
+        return Entry(info.name, info.step, info.committed, has_manifest=info.has_manifest, complete=info.valid,
+                     owner=fields.get("owner"), known_format=info.newer_format is None, symlink=info.symlink,
+                     metric=value if isinstance(value, int | float) else None, run_ids=info.run_ids)
 
-    def _export(self, trainer: Any, which: str) -> None:
+    def _export(self, which: str) -> None:
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, f"{which}.keras")
-            trainer._module.model.save(path)
+            self._module.model.save(path)
             with open(path, "rb") as handle:
-                self.manager.location.join("export").write_bytes(f"{which}.keras", handle.read())
+                self.location.join("export").write_bytes(f"{which}.keras", handle.read())
 
     # ----- state --------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The best-k list and the last saved step."""
-        return {"best_k": self.best_k, "last_saved_step": self._last_saved_step}
+        """The last saved step and the best monitored value."""
+        return {"last_saved_step": self._last_saved_step, "best_value": self.best_value}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the best-k list and the last saved step."""
-        self.best_k = list(state.get("best_k", []))
+        """Restore the last saved step and the best monitored value."""
         self._last_saved_step = int(state.get("last_saved_step", -1))
+        best = state.get("best_value")
+        self.best_value = float(best) if isinstance(best, int | float) else None
+
+
+def _versions() -> dict[str, str]:
+    import ktrainer
+
+    backend = keras.config.backend()
+    module = sys.modules.get(backend) or importlib.import_module(backend)
+    return {"ktrainer": ktrainer.__version__, "keras": keras.__version__, backend: getattr(module, "__version__", "?")}
+
+
+def _model_config(model: keras.Model) -> dict | None:
+    try:
+        config = keras.saving.serialize_keras_object(model)
+        json.dumps(config)
+        return config
+    except Exception:  # noqa: BLE001 - a subclassed model without get_config is fine: no export config
+        return None

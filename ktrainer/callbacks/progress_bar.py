@@ -50,7 +50,7 @@ class ProgressBar(Callback):
     def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
         """Start this epoch's bar."""
         self._epoch_start = self._last_print = time.monotonic()
-        self._batches_done = trainer.state.batch_in_epoch
+        self._batches_done = trainer.progress.batch_in_epoch
         if not self._plain:
             total = trainer.num_training_batches
             self._bar = tqdm(total=total, initial=self._batches_done, file=self._out, dynamic_ncols=True,

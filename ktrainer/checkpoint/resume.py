@@ -1,127 +1,152 @@
-"""The Trainer's side of checkpoints: what progress it saves, where "last"/"best" are, how it resumes."""
+"""Which checkpoint a `ckpt_path` means: "last", "best" or a URI, verified before it is chosen.
+
+"last" is the most recently committed checkpoint of the run's checkpoint directory (so after
+resuming from an older checkpoint, "last" follows the new branch), "best" the best by the
+monitor its manifests record. Every checksum of a candidate is checked before it is chosen; a
+candidate that fails is named in a warning and the next one is taken, with nothing on disk
+changed. A specific URI that fails is an error.
+"""
 
 from __future__ import annotations
 
-import logging
+import difflib
+import os
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
-import keras
-import tensorflow as tf
-
-from ktrainer.checkpoint.manager import CheckpointError, CheckpointInfo, CheckpointManager
-from ktrainer.checkpoint.state import TrainingState, capture, check_compatible, restore
+from ktrainer.checkpoint.format import MANIFEST
+from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
+from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
+from ktrainer.checkpoint.snapshot import from_files
 from ktrainer.fs import Location
 
-__all__ = ["capture_trainer_state", "find_checkpoint", "resume", "versions"]
+__all__ = ["ALIASES", "Resumable", "check_ckpt_path", "find_checkpoint", "split_checkpoint_url"]
 
-log = logging.getLogger("ktrainer")
-
-
-def versions() -> dict[str, str]:
-    """The versions a checkpoint records."""
-    import ktrainer
-
-    return {"ktrainer": ktrainer.__version__, "keras": keras.__version__, "tensorflow": tf.__version__}
+ALIASES = ("last", "best")
 
 
-def capture_trainer_state(trainer: Any, *, copy: bool = True) -> TrainingState:
-    """Take everything needed to continue this run (`copy`: see `capture`).
+@dataclass
+class Resumable:
+    """A checkpoint chosen and read, ready to be loaded.
 
-    At an epoch end whose data is consumed, the progress saved is "epoch + 1, batch 0", so a
-    resumed run starts the next epoch; mid-epoch it is the batch reached, with the epoch's running
-    metric sums, so the resumed epoch skips exactly the consumed batches and its means stay exact.
+    Attributes:
+        info: The checkpoint (checksums checked).
+        state: Its state, as `Trainer.state_dict()` returned it (arrays as numpy).
+        extra: Its other JSON files by base name (e.g. "model_config").
+        canonical_url: Its URL, canonical (what manifests record as a run's parent).
     """
-    state = trainer.state
-    finished_epoch = state.at_epoch_end and state.epoch_ended
-    progress = {"global_step": trainer.global_step, "skipped_steps": trainer.skipped_steps,
-                "epoch": trainer.current_epoch + (1 if finished_epoch else 0),
-                "batch_in_epoch": 0 if finished_epoch else state.batch_in_epoch}
-    epoch_metrics = None
-    if not finished_epoch and state.batch_in_epoch and trainer._epoch_metrics is not None:
-        epoch_metrics = trainer._epoch_metrics.state_dict()
-    loggers = [{"class": type(each).__name__, "version": each.version} for each in trainer._writing_loggers()]
-    module = trainer._module
-    trainer_state = {
-        "progress": progress, "epoch_metrics": epoch_metrics, "shuffle_seed": trainer._shuffle_seed,
-        "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
-        "loggers": loggers, "hparams": _jsonable(module.hparams), "precision": trainer.precision.name,
-        "global_batch_size": trainer.global_batch_size,
-    }
-    return capture(module.model, trainer.optimizer, trainer_state, copy=copy)
+
+    info: CheckpointInfo
+    state: dict[str, Any]
+    extra: dict[str, Any]
+    canonical_url: str
 
 
-def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: v if isinstance(v, bool | int | float | str | type(None)) else str(v) for k, v in values.items()}
-
-
-def find_checkpoint(trainer: Any, ckpt_path: str) -> tuple[CheckpointInfo, TrainingState]:
-    """Resolve "last", "best" or a URI and read it, checksums verified, before anything is built.
-
-    "last" is the newest valid checkpoint under the run's checkpoint directory (a newer invalid one
-    is named in a warning and passed over); "best" the best by the monitor its manifests record.
+def check_ckpt_path(ckpt_path: Any) -> str | None:
+    """Check a `ckpt_path` argument before anything is built: None, "last", "best", or a path/URI.
 
     Raises:
-        CheckpointError: When there is none, or a specific URI is invalid (nothing is modified).
+        ValueError: For another type, an empty string, or a near-miss of an alias that names no
+            existing path (suggesting the alias).
     """
-    if ckpt_path in ("last", "best"):
-        manager = _run_checkpoints(trainer)
-        listed = manager.list()
-        valid = [c for c in listed if c.valid]
-        for broken in [c for c in listed if not c.valid and (not valid or c.step > valid[-1].step)]:
-            warnings.warn(f"Checkpoint {broken.url} is not valid ({broken.reason}); passing over it.", stacklevel=3)
-        if not valid:
-            raise CheckpointError(f"ckpt_path={ckpt_path!r}: no valid checkpoint under {manager.location.url}.")
-        chosen = valid[-1] if ckpt_path == "last" else _best(valid, manager)
-        return chosen, TrainingState.from_files(manager.read(chosen.name)[1])
-    location = Location(ckpt_path.rstrip("/"), trainer.storage_options)
-    parent_url, _, name = location.url.rpartition("/")
-    manager = CheckpointManager(Location(parent_url or ".", trainer.storage_options))
-    info, files = manager.read(name)
-    return info, TrainingState.from_files(files)
+    if ckpt_path is None:
+        return None
+    if isinstance(ckpt_path, os.PathLike):
+        ckpt_path = os.fspath(ckpt_path)
+    if not isinstance(ckpt_path, str) or not ckpt_path:
+        raise ValueError(f"ckpt_path must be 'last', 'best', a checkpoint path or URI, or None; got {ckpt_path!r} "
+                         f"({type(ckpt_path).__name__}).")
+    if ckpt_path in ALIASES or "://" in ckpt_path or os.path.exists(ckpt_path):
+        return ckpt_path
+    close = difflib.get_close_matches(ckpt_path.lower(), ALIASES, n=1, cutoff=0.5)
+    if close:
+        raise ValueError(f"ckpt_path={ckpt_path!r} is neither 'last' nor 'best' nor an existing path. Did you mean "
+                         f"ckpt_path={close[0]!r}?")
+    return ckpt_path
 
 
-def _run_checkpoints(trainer: Any) -> CheckpointManager:
-    callback = trainer.checkpoint_callback
-    if callback is not None and callback.manager is not None:
-        return callback.manager
-    return CheckpointManager(Location(f"{trainer.default_root_dir.rstrip('/')}/checkpoints", trainer.storage_options))
+def split_checkpoint_url(url: str, storage_options: dict[str, Any]) -> tuple[Location, str]:
+    """(the directory holding it, its name) of one checkpoint's URL."""
+    location = Location(url.rstrip("/"), storage_options)
+    parent, _, name = location.url.rpartition("/")
+    return Location(parent or ".", storage_options), name
 
 
-def _best(valid: list[CheckpointInfo], manager: CheckpointManager) -> CheckpointInfo:
-    ranked = [c for c in valid if c.manifest.get("monitor") in c.manifest.get("metrics", {})]
+def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: dict[str, Any]) -> Resumable:
+    """Resolve and read the checkpoint `ckpt_path` names, every checksum checked.
+
+    Args:
+        ckpt_path: "last", "best", or a checkpoint's path or URI.
+        checkpoint_dir: Where "last" and "best" look (the run's checkpoint directory).
+        storage_options: fsspec options for a URI.
+
+    Raises:
+        CheckpointError: When there is no valid checkpoint, or a specific URI is invalid or of a
+            newer format (nothing is modified).
+    """
+    if ckpt_path in ALIASES:
+        io = FsspecCheckpointIO(checkpoint_dir)
+        info, files = _choose(io, ckpt_path)
+        directory = checkpoint_dir
+    else:
+        directory, name = split_checkpoint_url(ckpt_path, storage_options)
+        io = FsspecCheckpointIO(directory)
+        if not directory.fs.exists(f"{directory.path.rstrip('/')}/{name}/{MANIFEST}") and \
+                directory.fs.exists(f"{directory.path.rstrip('/')}/{name}/checkpoints"):
+            raise CheckpointError(f"ckpt_path={ckpt_path!r} is a run's folder, not a checkpoint. Pass "
+                                  f"ckpt_path='last' with this run's default_root_dir, or one of its checkpoints "
+                                  f"({ckpt_path.rstrip('/')}/checkpoints/step-...).")
+        info, files = io.read(name)
+    try:
+        state, extra = from_files(files)
+    except ValueError as error:
+        raise CheckpointError(f"{info.url} cannot be read: {error}.") from None
+    return Resumable(info, state, extra, f"{directory.canonical_url}/{info.name}")
+
+
+def _choose(io: FsspecCheckpointIO, alias: str) -> tuple[CheckpointInfo, dict[str, bytes]]:
+    listed = io.list()
+    candidates = [info for info in listed if info.manifest is not None]
+    if alias == "last":
+        candidates.sort(key=lambda info: (info.committed, info.step), reverse=True)
+    else:
+        candidates = _ranked(candidates, io)
+    chosen = None
+    for info in candidates:
+        if not info.valid:
+            _pass_over(info.url, info.reason)
+            continue
+        try:
+            chosen = io.read(info.name)
+            break
+        except CheckpointError as error:
+            _pass_over(info.url, str(error))
+    newest_step = chosen[0].step if chosen else -1
+    for info in listed:  # entries without a usable manifest, newer than the one chosen: say why they are skipped
+        if info.manifest is None and info.step > newest_step:
+            _pass_over(info.url, info.reason)
+    if chosen is not None:
+        return chosen
+    unreadable = [info for info in listed if info.newer_format is not None]
+    hint = (f" {len(unreadable)} checkpoint(s) there were written by a newer ktrainer: upgrade ktrainer to "
+            "resume them." if unreadable else "")
+    raise CheckpointError(f"ckpt_path={alias!r}: no valid checkpoint under {io.url}.{hint}")
+
+
+def _ranked(candidates: list[CheckpointInfo], io: FsspecCheckpointIO) -> list[CheckpointInfo]:
+    ranked = []
+    for info in candidates:
+        fields = info.fields
+        metrics, monitor = fields.get("metrics"), fields.get("monitor")
+        if isinstance(metrics, dict) and isinstance(metrics.get(monitor), int | float):
+            sign = -1.0 if fields.get("mode") == "max" else 1.0
+            ranked.append((sign * metrics[monitor], -info.committed, info))
     if not ranked:
-        raise CheckpointError(f"ckpt_path='best': no checkpoint under {manager.location.url} records a monitored "
-                              "metric. Give ModelCheckpoint a monitor=..., or use 'last' or a URI.")
-    sign = {"min": 1.0, "max": -1.0}
-    return min(ranked, key=lambda c: sign[c.manifest.get("mode", "min")] * c.manifest["metrics"][c.manifest["monitor"]])
+        raise CheckpointError(f"ckpt_path='best': no checkpoint under {io.url} records a monitored metric. Give "
+                              "ModelCheckpoint a monitor=..., or use 'last' or a URI.")
+    return [info for *_, info in sorted(ranked, key=lambda item: item[:2])]
 
 
-def resume(trainer: Any, module: Any, info: CheckpointInfo, state: TrainingState) -> None:
-    """Put a checkpoint's state into the built model and optimizer and the Trainer's progress.
-
-    Raises:
-        ValueError: When the checkpoint does not fit the model (nothing is loaded).
-    """
-    check_compatible(state, module.model, trainer.optimizer, info.url)
-    restore(state, module.model, trainer.optimizer)
-    saved = state.trainer
-    progress = saved["progress"]
-    trainer.global_step, trainer.current_epoch = progress["global_step"], progress["epoch"]
-    trainer.skipped_steps = progress["skipped_steps"]
-    trainer.state.batch_in_epoch = progress["batch_in_epoch"]
-    trainer._resumed_epoch_metrics = saved.get("epoch_metrics")
-    trainer._shuffle_seed = saved["shuffle_seed"]
-    for callback in trainer.callbacks:
-        if callback.state_key in saved["callbacks"]:
-            callback.load_state_dict(saved["callbacks"][callback.state_key])
-    for each, record in zip(trainer._writing_loggers(), saved.get("loggers", []), strict=False):
-        if each._version is None and each._location is None and type(each).__name__ == record["class"]:
-            each._version = record["version"]  # append to the same run
-    callback = trainer.checkpoint_callback
-    if callback is not None and callback.manager is not None and info.url.startswith(callback.manager.location.url):
-        callback.resumed_from = info.name
-    if saved.get("precision") != trainer.precision.name:
-        log.warning("Resuming a %s checkpoint under precision=%r.", saved.get("precision"), trainer.precision.name)
-    log.info("Resumed from %s at step %d (epoch %d, batch %d).", info.url, trainer.global_step,
-             trainer.current_epoch, trainer.state.batch_in_epoch)
+def _pass_over(url: str, reason: str) -> None:
+    warnings.warn(f"Checkpoint {url} is not valid ({reason}); passing over it.", UserWarning, stacklevel=4)

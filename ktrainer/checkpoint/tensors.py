@@ -1,50 +1,93 @@
 """A tensor file that loads without executing code and without copies: a JSON index, then raw bytes.
 
 Layout: 8 bytes (little-endian uint64) giving the index length, the JSON index
-`{name: {"dtype": ..., "shape": [...], "offset": ..., "nbytes": ...}}` (offsets from the end of
-the index), then each array's bytes, C order. Writing streams each array's own buffer; reading
-returns numpy views of the bytes read. (The same idea as safetensors, with no extra dependency.)
+`{name: {"dtype": "float32", "shape": [...], "offset": ..., "nbytes": ...}}` (offsets from the
+end of the index; dtypes by name, so bfloat16 and the float8 types round-trip), then each
+array's bytes, little-endian, C order. Writing streams each array's own buffer; reading returns
+numpy views of the bytes read. (The same idea as safetensors, with no extra dependency.)
 """
 
 from __future__ import annotations
 
 import json
 import struct
-from typing import Any, BinaryIO
+from collections.abc import Callable, Iterator
+from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-__all__ = ["write_tensors", "read_tensors"]
+__all__ = ["TensorFile", "read_tensors", "dtype_from_name", "nbytes_of"]
 
 _LENGTH = struct.Struct("<Q")
 
 
-def write_tensors(stream: BinaryIO, arrays: dict[str, Any]) -> None:
-    """Write `arrays` to `stream` (any object with `write`).
+def dtype_from_name(name: str) -> np.dtype:
+    """A numpy dtype from its name, including the ml_dtypes ones (bfloat16, float8_*).
 
-    Values are numpy arrays, or anything with `shape`, `dtype` and `__array__` (a Keras variable):
-    those are read one at a time while writing, so the file never needs a copy of all of them.
+    Raises:
+        ValueError: For a name that is no dtype.
     """
-    index, offset = {}, 0
-    for name, value in arrays.items():
-        dtype = np.dtype(getattr(value.dtype, "name", value.dtype))
-        nbytes = int(np.prod(value.shape, dtype=np.int64)) * dtype.itemsize
-        index[name] = {"dtype": dtype.str, "shape": [int(d) for d in value.shape], "offset": offset,
-                       "nbytes": nbytes}
-        offset += nbytes
-    header = json.dumps(index).encode()
-    stream.write(_LENGTH.pack(len(header)))
-    stream.write(header)
-    for name, value in arrays.items():
-        array = np.require(np.asarray(value), dtype=np.dtype(index[name]["dtype"]), requirements="C")
-        if array.nbytes != index[name]["nbytes"]:
-            raise ValueError(f"{name!r} changed size while being written")
-        if array.nbytes:
-            stream.write(memoryview(array.reshape(-1)).cast("B"))
+    try:
+        return np.dtype(name)
+    except TypeError:
+        pass
+    extra = getattr(ml_dtypes, name, None)
+    if extra is None:
+        raise ValueError(f"unknown dtype {name!r} in a tensor file")
+    return np.dtype(extra)
 
 
-def read_tensors(data: bytes) -> dict[str, np.ndarray]:
-    """Read what `write_tensors` wrote (read-only views into `data`).
+def _dtype_of(value: Any) -> np.dtype:
+    dtype = getattr(value, "dtype", None)
+    name = getattr(dtype, "name", dtype)
+    return dtype_from_name(str(name))
+
+
+def nbytes_of(value: Any) -> int:
+    """Bytes of an array-like (numpy array or variable) without reading it."""
+    return int(np.prod(value.shape, dtype=np.int64)) * _dtype_of(value).itemsize
+
+
+class TensorFile:
+    """The content of one tensor file, made only when it is written.
+
+    Args:
+        arrays: name -> numpy array, or anything with `shape` and `dtype` that `read` turns into
+            one (a live variable: it is read when the file is written, one at a time).
+        read: Turns a value into a numpy array; default `np.asarray`.
+    """
+
+    def __init__(self, arrays: dict[str, Any], read: Callable[[Any], np.ndarray] | None = None) -> None:
+        self.arrays = arrays
+        self._read = read or np.asarray
+        self._index, offset = {}, 0
+        for name, value in arrays.items():
+            dtype = _dtype_of(value)
+            nbytes = nbytes_of(value)
+            self._index[name] = {"dtype": dtype.name, "shape": [int(d) for d in value.shape], "offset": offset,
+                                 "nbytes": nbytes}
+            offset += nbytes
+        self._header = json.dumps(self._index).encode()
+        self.nbytes = _LENGTH.size + len(self._header) + offset
+
+    def chunks(self) -> Iterator[Any]:
+        """The file's bytes as a sequence of buffers (the header, then each array's own memory)."""
+        yield _LENGTH.pack(len(self._header)) + self._header
+        for name, value in self.arrays.items():
+            entry = self._index[name]
+            dtype = dtype_from_name(entry["dtype"]).newbyteorder("<")
+            array = np.ascontiguousarray(self._read(value))
+            if array.dtype != dtype:
+                array = array.astype(dtype)
+            if array.nbytes != entry["nbytes"]:
+                raise ValueError(f"{name!r} changed size while being written")
+            if array.nbytes:
+                yield memoryview(array.reshape(-1)).cast("B")
+
+
+def read_tensors(data: Any) -> dict[str, np.ndarray]:
+    """Read what `TensorFile` wrote (read-only views into `data`).
 
     Raises:
         ValueError: When the data is not such a file or is truncated.
@@ -53,13 +96,19 @@ def read_tensors(data: bytes) -> dict[str, np.ndarray]:
         raise ValueError("tensor file too short")
     (length,) = _LENGTH.unpack_from(data)
     start = _LENGTH.size + length
-    index = json.loads(bytes(data[_LENGTH.size:start]))
+    if start > len(data):
+        raise ValueError("tensor file truncated in its index")
+    try:
+        index = json.loads(bytes(data[_LENGTH.size:start]))
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("tensor file index is not valid JSON") from None
     arrays = {}
     for name, entry in index.items():
+        dtype = dtype_from_name(entry["dtype"]).newbyteorder("<")
         end = start + entry["offset"] + entry["nbytes"]
-        if end > len(data):
+        if entry["offset"] < 0 or end > len(data):
             raise ValueError(f"tensor file truncated in {name!r}")
-        flat = np.frombuffer(data, dtype=np.dtype(entry["dtype"]), count=entry["nbytes"] // np.dtype(
-            entry["dtype"]).itemsize, offset=start + entry["offset"])
+        count = entry["nbytes"] // dtype.itemsize
+        flat = np.frombuffer(data, dtype=dtype, count=count, offset=start + entry["offset"])
         arrays[name] = flat.reshape(entry["shape"])
     return arrays

@@ -6,16 +6,19 @@ import argparse
 import json
 import os
 import tempfile
+import time
 from typing import Any
 
-from ktrainer.checkpoint.manager import MANIFEST, CheckpointInfo, CheckpointManager
+from ktrainer.checkpoint.format import MANIFEST
+from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
+from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
 from ktrainer.fs import Location
 
-__all__ = ["add_parser", "checkpoints_at"]
+__all__ = ["add_parser", "checkpoints_at", "branch_of_last"]
 
 
-def checkpoints_at(url: str, storage_options: dict[str, Any]) -> tuple[CheckpointManager, list[str] | None]:
-    """The manager for URL and, when URL is one checkpoint, its name (else None: all under it).
+def checkpoints_at(url: str, storage_options: dict[str, Any]) -> tuple[FsspecCheckpointIO, list[str] | None]:
+    """The store for URL and, when URL is one checkpoint, its name (else None: all under it).
 
     URL may be a checkpoint directory, a directory of checkpoints, or a run's root (its
     `checkpoints/` folder is used).
@@ -24,10 +27,30 @@ def checkpoints_at(url: str, storage_options: dict[str, Any]) -> tuple[Checkpoin
     fs, path = location.fs, location.path
     if fs.exists(f"{path}/{MANIFEST}") or location.url.rsplit("/", 1)[-1].startswith("step-"):
         parent, _, name = location.url.rpartition("/")
-        return CheckpointManager(Location(parent, storage_options)), [name]
+        return FsspecCheckpointIO(Location(parent or ".", storage_options)), [name]
     if fs.exists(f"{path}/checkpoints"):
         location = location.join("checkpoints")
-    return CheckpointManager(location), None
+    return FsspecCheckpointIO(location), None
+
+
+def branch_of_last(infos: list[CheckpointInfo]) -> set[str]:
+    """The names on the branch `ckpt_path="last"` follows: the newest commit and its run's earlier checkpoints,
+    then, through each run's parent, the checkpoints of the run it continued, up to where it branched off."""
+    usable = [info for info in infos if info.manifest is not None]
+    if not usable:
+        return set()
+    by_name = {info.name: info for info in usable}
+    tip = max(usable, key=lambda info: (info.committed, info.step))
+    branch: set[str] = set()
+    visited: set[str] = set()
+    while tip is not None and tip.fields.get("run_id") not in visited:
+        run = tip.fields.get("run_id")
+        visited.add(run)
+        members = [i for i in usable if i.fields.get("run_id") == run and i.committed <= tip.committed]
+        branch.update(i.name for i in members)
+        parent = tip.fields.get("parent")
+        tip = by_name.get(parent.rsplit("/", 1)[-1]) if isinstance(parent, str) else None
+    return branch
 
 
 def add_parser(commands: Any) -> None:
@@ -36,10 +59,13 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--storage-options", type=json.loads, default={},
                         help='JSON fsspec options, e.g. \'{"client_kwargs": {"endpoint_url": "http://..."}}\'')
     actions = parser.add_subparsers(title="actions", metavar="ACTION", required=True)
-    ls = actions.add_parser("ls", help="step, epoch, metrics, size, valid or why not")
+    ls = actions.add_parser("ls", help="step, run, parent, commit time, size, valid or why not; * marks the branch "
+                                       "that ckpt_path='last' follows")
     ls.add_argument("uri")
+    ls.add_argument("--no-checksums", dest="checksums", action="store_false",
+                    help="check sizes only (fast; the status then says 'complete', not 'valid')")
     ls.set_defaults(run=run_ls)
-    verify = actions.add_parser("verify", help="check every file's size and checksum; exit 1 if any is invalid")
+    verify = actions.add_parser("verify", help="check every file's size and checksum; exit 1 if any entry is invalid")
     verify.add_argument("uri")
     verify.set_defaults(run=run_verify)
     export = actions.add_parser("export", help="write a portable .keras model from a checkpoint")
@@ -49,36 +75,51 @@ def add_parser(commands: Any) -> None:
 
 
 def _select(args: argparse.Namespace, checksums: bool) -> list[CheckpointInfo]:
-    manager, names = checkpoints_at(args.uri, args.storage_options)
-    if names is None:
-        return manager.list(checksums=checksums)
-    return [manager.inspect(name, checksums=checksums) for name in names]
+    io, names = checkpoints_at(args.uri, args.storage_options)
+    return io.list(checksums=checksums, names=names)
 
 
-def _line(info: CheckpointInfo) -> str:
-    manifest = info.manifest
-    metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(manifest.get("metrics", {}).items())
-                        if not k.startswith(("time/", "lr-")))
-    status = "valid" if info.valid else f"INVALID: {info.reason}"
-    epoch = manifest.get("epoch", "?")
-    return f"{info.name}  step {info.step}  epoch {epoch}  {info.size / 1e6:.2f} MB  {status}  {metrics}".rstrip()
+def _status(info: CheckpointInfo) -> str:
+    if not info.valid:
+        return f"INVALID: {info.reason}"
+    return "valid" if info.checksums_checked else "complete (sizes checked)"
+
+
+def _line(info: CheckpointInfo, on_branch: bool) -> str:
+    fields = info.fields
+    metrics = fields.get("metrics") if isinstance(fields.get("metrics"), dict) else {}
+    shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())
+                      if isinstance(v, int | float) and not k.startswith(("time/", "lr-")))
+    committed = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.committed)) if info.committed else "-"
+    parent = fields.get("parent")
+    parent_name = parent.rsplit("/", 1)[-1] if isinstance(parent, str) else "-"
+    mark = "*" if on_branch else " "
+    return (f"{mark} {info.name}  step {info.step}  epoch {fields.get('epoch', '?')}  run {fields.get('run_id', '-')}  "
+            f"parent {parent_name}  committed {committed}  {info.size / 1e6:.2f} MB  {_status(info)}  "
+            f"{shown}").rstrip()
+
+
+def _print(infos: list[CheckpointInfo]) -> None:
+    branch = branch_of_last(infos)
+    for info in sorted(infos, key=lambda i: (i.committed, i.step)):
+        print(_line(info, info.name in branch))
+    if branch:
+        print("* the branch ckpt_path='last' follows (newest commit last)")
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    """Print one line per checkpoint."""
-    infos = _select(args, checksums=False)
+    """Print one line per checkpoint (checksums checked unless --no-checksums)."""
+    infos = _select(args, checksums=args.checksums)
     if not infos:
         print(f"No checkpoints at {args.uri}.")
-    for info in infos:
-        print(_line(info))
+    _print(infos)
     return 0
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    """Check sizes and checksums of every file; exit 1 if any checkpoint is invalid."""
+    """Check sizes and checksums of every file; exit 1 if any entry is invalid (or there is none)."""
     infos = _select(args, checksums=True)
-    for info in infos:
-        print(_line(info))
+    _print(infos)
     if not infos:
         print(f"No checkpoints at {args.uri}.")
         return 1
@@ -90,21 +131,22 @@ def run_export(args: argparse.Namespace) -> int:
     import keras
     import numpy as np
 
-    from ktrainer.checkpoint.state import TrainingState
+    from ktrainer.checkpoint.snapshot import from_files
 
-    manager, names = checkpoints_at(args.uri, args.storage_options)
+    io, names = checkpoints_at(args.uri, args.storage_options)
     if names is None:
-        valid = [c for c in manager.list() if c.valid]
+        valid = [c for c in io.list() if c.valid]
         if not valid:
-            raise ValueError(f"No valid checkpoint at {args.uri}.")
-        names = [valid[-1].name]
-    _, files = manager.read(names[0])
-    state = TrainingState.from_files(files)
-    if state.model_config is None:
+            raise CheckpointError(f"No valid checkpoint at {args.uri}.")
+        names = [max(valid, key=lambda c: (c.committed, c.step)).name]
+    _, files = io.read(names[0])
+    state, extra = from_files(files)
+    config = extra.get("model_config")
+    if config is None:
         raise ValueError(f"{args.uri} holds no model config (a subclassed model without get_config); export it "
                          "from Python with model.save() after loading, or use ModelCheckpoint(export_keras=True).")
-    model = keras.saving.deserialize_keras_object(state.model_config)
-    for variable, (_, array) in zip(model.variables, state.model.items(), strict=True):
+    model = keras.saving.deserialize_keras_object(config)
+    for variable, array in zip(model.variables, state["model"].values(), strict=True):
         variable.assign(np.asarray(array))
     with tempfile.TemporaryDirectory() as folder:
         local = os.path.join(folder, "model.keras")
@@ -112,5 +154,5 @@ def run_export(args: argparse.Namespace) -> int:
         target = Location(args.output, args.storage_options)
         parent, _, name = target.url.rpartition("/")
         Location(parent or ".", args.storage_options).upload(local, name)
-    print(f"Exported {manager.location.url}/{names[0]} to {args.output}.")
+    print(f"Exported {io.url}/{names[0]} to {args.output}.")
     return 0

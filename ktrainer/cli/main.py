@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from ktrainer.checkpoint.manager import CheckpointError
+from ktrainer.checkpoint.io import CheckpointError
 from ktrainer.cli import ckpt, compare_precision, demo, fit, launch
 
 __all__ = ["main", "build_parser"]

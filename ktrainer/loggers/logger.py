@@ -80,6 +80,20 @@ class Logger:
         """
         self.flush()
 
+    @property
+    def state_key(self) -> str:
+        """The key of this logger's state in a checkpoint: its class and folder name."""
+        return f"{type(self).__name__}{{'name': {self.name!r}}}"
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's version, so a resumed run appends to the same folder."""
+        return {"version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the saved version, unless this logger was given one or has already written."""
+        if self._version is None and self._location is None:
+            self._version = state.get("version")
+
     def _parent(self) -> Location:
         if self.save_dir is None:
             raise RuntimeError(

@@ -81,5 +81,12 @@ class Precision:
     def reset(self) -> None:
         """Forget what `watch` has seen (at the start of each fit)."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """What `watch` has seen, for checkpoints (nothing here)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

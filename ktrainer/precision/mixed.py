@@ -126,3 +126,12 @@ class MixedPrecision(Precision):
     def reset(self) -> None:
         """Forget the skip history (at the start of each fit)."""
         self._recent_skips.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The skip flags of the last `stall_window` steps, so stall detection spans a resume."""
+        return {"recent_skips": [int(s) for s in self._recent_skips]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the skip history."""
+        self._recent_skips.clear()
+        self._recent_skips.extend(bool(s) for s in state.get("recent_skips", []))

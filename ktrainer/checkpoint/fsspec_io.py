@@ -1,0 +1,331 @@
+"""Checkpoints on any fsspec filesystem, and the commit protocol that makes a crash at any moment lose nothing.
+
+A save of `step-00001200`:
+
+1. reads the manifest already there, if any (another run's checkpoint of that name, or an
+   abandoned branch), to know its files;
+2. writes every data file of this save under a name carrying the save's id, in parallel, each
+   whole (one PUT on object stores), checksummed as its bytes go out;
+3. commits: writes `manifest.json` whole and atomically (one PUT on object stores; on a local
+   disk a temporary file renamed over it), listing every file with its size and CRC32C;
+4. reads back what `verify` asks, then removes the files of the replaced manifest.
+
+Before step 3 the previous checkpoint of that name, if any, is untouched and valid; after it,
+the new one is. A failed or killed save leaves at worst files no manifest lists, which reading
+and listing ignore.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ktrainer.checkpoint.checksum import ALGORITHM, Checksum
+from ktrainer.checkpoint.format import (
+    FORMAT_VERSION,
+    MANIFEST,
+    FileEntry,
+    Manifest,
+    ManifestError,
+    encode_manifest,
+    is_own_file,
+    parse_manifest,
+    run_id_of_file,
+    step_of,
+)
+from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo, FileSource, OnCommit
+from ktrainer.fs import Location
+
+__all__ = ["FsspecCheckpointIO"]
+
+log = logging.getLogger("ktrainer")
+
+_MAX_WORKERS = 4
+
+
+class FsspecCheckpointIO:
+    """A directory of checkpoints on a local disk, memory://, s3://, gs://, ... (any fsspec URL).
+
+    Args:
+        location: The directory that holds the `step-*` checkpoints.
+        verify: After each save, read back the manifest and check every file's size.
+        verify_checksums: After each save, also read back every file and check its checksum.
+    """
+
+    def __init__(self, location: Location, *, verify: bool = True, verify_checksums: bool = False) -> None:
+        self.location = location
+        self.fs = location.fs
+        self.root = location.path.rstrip("/")
+        self.url = location.url.rstrip("/")
+        self.verify = verify
+        self.verify_checksums = verify_checksums
+
+    # ----- write ----------------------------------------------------------------------------
+
+    def write(self, name: str, files: dict[str, bytes | FileSource], fields: dict[str, Any], *,
+              on_commit: OnCommit | None = None, not_before: float = 0.0) -> CheckpointInfo:
+        """Write the files, commit the manifest, verify, clean up what the new manifest replaced.
+
+        Args:
+            name: The checkpoint's name, e.g. "step-00001200".
+            files: File name (carrying the save id) -> bytes or a `FileSource`.
+            fields: The manifest's fields; `save_id` names the temporary manifest.
+            on_commit: Called with the committed checkpoint.
+            not_before: The commit time recorded is at least this (keeps commit order monotonic
+                when clocks step back).
+
+        Raises:
+            CheckpointError: When a write, the commit or the verification fails (with the
+                storage's error as its cause); checkpoints committed before are untouched.
+        """
+        directory = self._directory(name)
+        replaced = self._replaced_files(name)
+        written: list[str] = []
+        try:
+            self.fs.makedirs(directory, exist_ok=True)
+            entries = self._write_files(directory, files, written)
+            committed = max(time.time(), not_before)
+            manifest = encode_manifest({**fields, "committed": committed}, entries)
+            self._commit(directory, manifest, str(fields.get("save_id", "save")))
+        except Exception as error:
+            self._remove_quietly(directory, written)
+            raise CheckpointError(f"Saving checkpoint {self._url(name)} failed: {error!r}. Checkpoints committed "
+                                  "before are untouched.") from error
+        info = self._verify_written(name, manifest)
+        self._remove_quietly(directory, [f for f in replaced if f not in {e.name for e in entries}])
+        if on_commit is not None:
+            on_commit(info)
+        return info
+
+    def _directory(self, name: str) -> str:
+        directory = f"{self.root}/{name}"
+        if self.location.is_local and os.path.islink(directory):
+            raise CheckpointError(f"{self._url(name)} is a symbolic link; ktrainer does not write through it. "
+                                  "Remove the link or choose another dirpath.")
+        self.fs.invalidate_cache(directory)
+        if self.fs.isfile(directory):
+            raise CheckpointError(f"{self._url(name)} is a file, not a checkpoint directory; move it out of the way "
+                                  "or choose another dirpath.")
+        return directory
+
+    def _replaced_files(self, name: str) -> list[str]:
+        """The files of the manifest a save of `name` replaces (refusing to replace a newer format)."""
+        try:
+            data = self.fs.cat_file(f"{self.root}/{name}/{MANIFEST}")
+        except FileNotFoundError:
+            return []
+        try:
+            manifest = parse_manifest(data)
+        except ManifestError as error:
+            if error.newer_format is not None:
+                raise CheckpointError(f"{self._url(name)} holds a checkpoint of format {error.newer_format}, written "
+                                      "by a newer ktrainer; it is not overwritten. Upgrade ktrainer or choose "
+                                      "another dirpath.") from None
+            return []
+        return [entry.name for entry in manifest.files]
+
+    def _write_files(self, directory: str, files: dict[str, bytes | FileSource], written: list[str]) -> list[FileEntry]:
+        def write_one(file_name: str) -> FileEntry:
+            path = f"{directory}/{file_name}"
+            written.append(file_name)
+            return self._write_file(path, file_name, files[file_name])
+
+        workers = min(_MAX_WORKERS, len(files))
+        with ThreadPoolExecutor(workers, thread_name_prefix="ktrainer-write") as pool:
+            futures = [pool.submit(write_one, file_name) for file_name in files]
+            entries, first_error = [], None
+            for future in futures:
+                try:
+                    entries.append(future.result())
+                except Exception as error:  # noqa: BLE001 - the first failure is raised once all have stopped
+                    first_error = first_error or error
+                    for other in futures:
+                        other.cancel()
+        if first_error is not None:
+            raise first_error
+        return entries
+
+    def _write_file(self, path: str, file_name: str, content: bytes | FileSource) -> FileEntry:
+        checksum = Checksum(ALGORITHM)
+        if self.location.is_local:
+            size = 0
+            with open(path, "wb") as handle:
+                for chunk in _chunks(content):
+                    handle.write(chunk)
+                    checksum.update(chunk)
+                    size += len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
+        else:
+            body = content if isinstance(content, bytes) else b"".join(content.chunks())
+            checksum.update(body)
+            size = len(body)
+            self.fs.pipe_file(path, body)  # one PUT: the object appears whole or not at all
+            del body
+        return FileEntry(file_name, size, ALGORITHM, checksum.hexdigest())
+
+    def _commit(self, directory: str, manifest: bytes, save_id: str) -> None:
+        target = f"{directory}/{MANIFEST}"
+        if self.location.is_local:
+            temporary = f"{target}.{save_id}.tmp"
+            with open(temporary, "wb") as handle:
+                handle.write(manifest)
+            os.replace(temporary, target)  # atomic: readers see the old manifest or the new one
+        else:
+            self.fs.pipe_file(target, manifest)  # a single PUT is atomic on object stores
+
+    def _verify_written(self, name: str, manifest: bytes) -> CheckpointInfo:
+        if not self.verify:
+            return CheckpointInfo(self._url(name), True, "", parse_manifest(manifest, name))
+        info = self._inspect(name, checksums=self.verify_checksums)
+        if not info.valid:
+            raise CheckpointError(f"Checkpoint {info.url} failed verification after saving: {info.reason}.")
+        return info
+
+    # ----- read, list, delete -----------------------------------------------------------------
+
+    def read(self, name: str) -> tuple[CheckpointInfo, dict[str, bytes]]:
+        """Read a checkpoint's files, checking every size and checksum before returning anything.
+
+        Raises:
+            CheckpointError: When it is missing, incomplete, corrupt or of a newer format.
+        """
+        info = self._inspect(name, checksums=False)
+        if not info.valid:
+            raise CheckpointError(_invalid_message(info))
+        directory = f"{self.root}/{name}"
+
+        def read_one(entry: FileEntry) -> bytes:
+            data = self.fs.cat_file(f"{directory}/{entry.name}")
+            if len(data) != entry.size:
+                raise CheckpointError(f"{info.url}: {entry.name} has {len(data)} bytes, the manifest says "
+                                      f"{entry.size} (truncated).")
+            if Checksum.of(data, entry.algorithm) != entry.checksum:
+                raise CheckpointError(f"{info.url}: {entry.name} does not match its {entry.algorithm} checksum "
+                                      "(corrupt).")
+            return data
+
+        entries = info.manifest.files
+        with ThreadPoolExecutor(min(_MAX_WORKERS, len(entries)), thread_name_prefix="ktrainer-read") as pool:
+            contents = list(pool.map(read_one, entries))
+        checked = CheckpointInfo(info.url, True, "", info.manifest, checksums_checked=True, symlink=info.symlink)
+        return checked, {entry.name: data for entry, data in zip(entries, contents, strict=True)}
+
+    def list(self, *, checksums: bool = False, names: list[str] | None = None) -> list[CheckpointInfo]:
+        """Every entry named like a checkpoint (or the given names), oldest step first, each valid or why not."""
+        if names is None:
+            try:
+                listed = self._ls(self.root)
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in listed]
+            names = [n for n in names if step_of(n) is not None]
+        infos = [self._inspect(n, checksums=checksums) for n in names]
+        return sorted(infos, key=lambda info: (info.step, info.committed, info.name))
+
+    def delete(self, name: str) -> None:
+        """Delete a checkpoint (or the leftovers of an interrupted save): manifest first, then ktrainer's files.
+
+        Files that are not ktrainer's stay, and so does the directory then.
+
+        Raises:
+            CheckpointError: For a symbolic link (never deleted through).
+            OSError: What the storage raised (e.g. PermissionError on a write-once bucket).
+        """
+        directory = f"{self.root}/{name}"
+        if self.location.is_local and os.path.islink(directory):
+            raise CheckpointError(f"{self._url(name)} is a symbolic link; ktrainer never deletes through one.")
+        try:
+            entries = [p.rstrip("/").rsplit("/", 1)[-1] for p in self._ls(directory)]
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        own = [n for n in entries if is_own_file(n)]
+        ordered = [n for n in own if n == MANIFEST] + [n for n in own if n != MANIFEST]  # invalidate first
+        for file_name in ordered:
+            self.fs.rm_file(f"{directory}/{file_name}")
+        if len(own) == len(entries) and self.location.is_local:
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass  # something appeared meanwhile: leave it
+
+    # ----- helpers ----------------------------------------------------------------------------
+
+    def _inspect(self, name: str, *, checksums: bool) -> CheckpointInfo:
+        url = self._url(name)
+        directory = f"{self.root}/{name}"
+        symlink = self.location.is_local and os.path.islink(directory)
+        self.fs.invalidate_cache(directory)
+        try:
+            if not self.fs.isdir(directory):
+                exists = self.fs.exists(directory)
+                return CheckpointInfo(url, False, "a file named like a checkpoint, not a checkpoint directory"
+                                      if exists else "no such checkpoint")
+            data = self.fs.cat_file(f"{directory}/{MANIFEST}")
+        except FileNotFoundError:
+            return CheckpointInfo(url, False, "no manifest (an interrupted save)", symlink=symlink, has_manifest=False,
+                                  run_ids=self._run_ids(directory))
+        except OSError as error:
+            return CheckpointInfo(url, False, f"unreadable: {error!r}", symlink=symlink)
+        try:
+            manifest = parse_manifest(data, name)
+        except ManifestError as error:
+            return CheckpointInfo(url, False, error.reason, newer_format=error.newer_format, symlink=symlink)
+        reason = self._check_sizes(directory, manifest)
+        if not reason and checksums:
+            reason = self._check_checksums(directory, manifest)
+        return CheckpointInfo(url, not reason, reason, manifest, checksums_checked=checksums, symlink=symlink)
+
+    def _ls(self, path: str, detail: bool = False) -> list:
+        """A fresh listing (object-store filesystems cache listings; another process may have written since)."""
+        self.fs.invalidate_cache(path)
+        return self.fs.ls(path, detail=detail)
+
+    def _run_ids(self, directory: str) -> frozenset[str]:
+        try:
+            names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self._ls(directory)]
+        except (FileNotFoundError, NotADirectoryError):
+            return frozenset()
+        return frozenset(run for run in map(run_id_of_file, names) if run)
+
+    def _check_sizes(self, directory: str, manifest: Manifest) -> str:
+        try:
+            found = {e["name"].rstrip("/").rsplit("/", 1)[-1]: e for e in self._ls(directory, detail=True)}
+        except FileNotFoundError:
+            found = {}
+        for entry in manifest.files:
+            listed = found.get(entry.name)
+            if listed is None or listed.get("type") == "directory":
+                return f"{entry.name} is missing"
+            if listed["size"] != entry.size:
+                return f"{entry.name} has {listed['size']} bytes, the manifest says {entry.size} (truncated)"
+        return ""
+
+    def _check_checksums(self, directory: str, manifest: Manifest) -> str:
+        for entry in manifest.files:
+            data = self.fs.cat_file(f"{directory}/{entry.name}")
+            if Checksum.of(data, entry.algorithm) != entry.checksum:
+                return f"{entry.name} does not match its {entry.algorithm} checksum (corrupt)"
+        return ""
+
+    def _remove_quietly(self, directory: str, file_names: list[str]) -> None:
+        for file_name in file_names:
+            try:
+                self.fs.rm_file(f"{directory}/{file_name}")
+            except Exception as error:  # noqa: BLE001 - leftovers are harmless: no manifest lists them
+                log.debug("Could not remove %s/%s: %r", directory, file_name, error)
+
+    def _url(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+
+def _chunks(content: bytes | FileSource) -> Any:
+    return [content] if isinstance(content, bytes) else content.chunks()
+
+
+def _invalid_message(info: CheckpointInfo) -> str:
+    if info.newer_format is not None:
+        return (f"{info.url} was written by a newer ktrainer (checkpoint format {info.newer_format}); this ktrainer "
+                f"reads formats up to {FORMAT_VERSION}. Upgrade ktrainer to resume it.")
+    return f"{info.url} is not a valid checkpoint: {info.reason}."

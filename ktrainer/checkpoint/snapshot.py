@@ -1,0 +1,138 @@
+"""A training state (nested dicts of arrays and JSON values) <-> the files of a checkpoint.
+
+Every array in the state (a numpy array, or a variable read when its file is written) goes to a
+`.tensors` shard of its top-level section (`model-00000.<save>.tensors`, `optimizer-...`), at
+most 32 MiB each (one PUT on object stores; a larger array gets a shard of its own); the rest
+goes to `trainer.<save>.json`, where each array is a reference `{"__tensor__": [section, key]}`.
+Loading never executes code: JSON and raw array bytes only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ktrainer.checkpoint.format import data_file_name
+from ktrainer.checkpoint.tensors import TensorFile, nbytes_of, read_tensors
+
+__all__ = ["to_files", "from_files", "freeze", "is_array", "SHARD_BYTES", "STATE_FILE"]
+
+SHARD_BYTES = 32 * 2**20  # one PUT each; measured faster on S3 than one large PUT or a multipart stream
+STATE_FILE = "trainer"
+_TENSOR = "__tensor__"
+_SECTION = re.compile(r"[a-z_]+")
+_TENSOR_FILE = re.compile(r"(?P<section>[a-z_]+)-\d{5}\.(?:[0-9a-f]{12}-\d+\.)?tensors")
+_JSON_FILE = re.compile(r"(?P<base>[a-z_]+)\.(?:[0-9a-f]{12}-\d+\.)?json")
+
+
+def is_array(value: Any) -> bool:
+    """True for what a snapshot stores as a tensor: numpy arrays and scalars, variables, tensors."""
+    return hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, str | bytes)
+
+
+def freeze(state: Any, read: Callable[[Any], np.ndarray] = np.asarray) -> Any:
+    """A copy of `state` whose arrays are numpy copies in host memory (what a background save needs)."""
+    if isinstance(state, dict):
+        return {key: freeze(value, read) for key, value in state.items()}
+    if isinstance(state, list | tuple):
+        return [freeze(value, read) for value in state]
+    if is_array(state):
+        return np.array(read(state), copy=True)
+    return state
+
+
+def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] | None = None,
+             read: Callable[[Any], np.ndarray] | None = None) -> dict[str, Any]:
+    """The files of `state`: file name -> bytes, or a `TensorFile` made when it is written.
+
+    Args:
+        state: Section name (lowercase letters and "_") -> a JSON-able value with arrays anywhere.
+        save_id: The save's id, carried by every file name.
+        extra_json: Other JSON files by base name (e.g. {"model_config": {...}}).
+        read: Turns a stored value into a numpy array when its shard is written.
+
+    Raises:
+        ValueError: For a section name that is not lowercase letters and "_".
+    """
+    sections: dict[str, dict[str, Any]] = {}
+
+    def replace(value: Any, section: str, path: str) -> Any:
+        if isinstance(value, dict):
+            return {str(k): replace(v, section, f"{path}/{k}") for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [replace(v, section, f"{path}/{i}") for i, v in enumerate(value)]
+        if is_array(value):
+            sections.setdefault(section, {})[path] = value
+            return {_TENSOR: [section, path]}
+        return value
+
+    tree = {}
+    for section, value in state.items():
+        if not _SECTION.fullmatch(section):
+            raise ValueError(f"state section {section!r} must be lowercase letters and '_'")
+        tree[section] = replace(value, section, "")
+    files: dict[str, Any] = {}
+    for section, arrays in sections.items():
+        for number, shard in enumerate(_shards(arrays)):
+            files[data_file_name(f"{section}-{number:05d}", save_id, "tensors")] = TensorFile(shard, read)
+    files[data_file_name(STATE_FILE, save_id, "json")] = json.dumps(tree, sort_keys=True).encode()
+    for base, value in (extra_json or {}).items():
+        files[data_file_name(base, save_id, "json")] = json.dumps(value).encode()
+    return files
+
+
+def from_files(files: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Parse the files `to_files` wrote.
+
+    Returns:
+        (state, extra_json): the state with numpy arrays (read-only views of the file bytes) in
+        place of the references, and the other JSON files by base name.
+
+    Raises:
+        ValueError: When a file is malformed or a referenced tensor is missing.
+    """
+    tensors: dict[str, dict[str, np.ndarray]] = {}
+    documents: dict[str, Any] = {}
+    for name in sorted(files):
+        tensor_file = _TENSOR_FILE.fullmatch(name)
+        json_file = _JSON_FILE.fullmatch(name)
+        if tensor_file:
+            tensors.setdefault(tensor_file.group("section"), {}).update(read_tensors(files[name]))
+        elif json_file:
+            documents[json_file.group("base")] = json.loads(files[name])
+    if STATE_FILE not in documents:
+        raise ValueError(f"the checkpoint has no {STATE_FILE} state file")
+
+    def resolve(value: Any) -> Any:
+        if isinstance(value, dict):
+            if set(value) == {_TENSOR}:
+                section, path = value[_TENSOR]
+                try:
+                    return tensors[section][path]
+                except KeyError:
+                    raise ValueError(f"the checkpoint's state refers to a tensor {section}{path} it does not "
+                                     "hold") from None
+            return {k: resolve(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [resolve(v) for v in value]
+        return value
+
+    state = resolve(documents.pop(STATE_FILE))
+    return state, documents
+
+
+def _shards(arrays: dict[str, Any]) -> list[dict[str, Any]]:
+    shards: list[dict[str, Any]] = [{}]
+    size = 0
+    for key, value in arrays.items():
+        nbytes = nbytes_of(value)
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][key] = value
+        size += nbytes
+    return shards

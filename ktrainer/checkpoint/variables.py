@@ -1,0 +1,45 @@
+"""Variables <-> the arrays of a checkpoint: stable keys, a compatibility check, and assignment."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["keyed", "read_value", "mismatches", "assign_all"]
+
+
+def keyed(variables: Sequence[Any]) -> dict[str, Any]:
+    """Variables by key "index:path", in their order (the order is what matches them on resume)."""
+    return {f"{index:05d}:{variable.path}": variable for index, variable in enumerate(variables)}
+
+
+def read_value(variable: Any) -> np.ndarray:
+    """A variable's current value as a numpy array in host memory."""
+    return np.asarray(variable)
+
+
+def _structural(key: str) -> str:
+    """A key without Keras's per-process numbering ("00003:sequential_7/dense_14" -> "sequential/dense")."""
+    return re.sub(r"_\d+(?=/|_|$)", "", key.split(":", 1)[-1])
+
+
+def mismatches(what: str, saved: dict[str, Any], variables: Sequence[Any]) -> list[str]:
+    """Why the saved arrays do not fit these variables (count, names, shapes); empty when they do."""
+    problems = []
+    current = keyed(variables)
+    if len(saved) != len(current):
+        problems.append(f"{what}: the checkpoint has {len(saved)} variables, this {what} has {len(current)}")
+    for (saved_key, array), (key, variable) in zip(saved.items(), current.items(), strict=False):
+        if _structural(saved_key) != _structural(key) or tuple(np.shape(array)) != tuple(variable.shape):
+            problems.append(f"{what} variable {key.split(':', 1)[0]}: checkpoint {saved_key.split(':', 1)[-1]} "
+                            f"{tuple(np.shape(array))} vs {key.split(':', 1)[1]} {tuple(variable.shape)}")
+    return problems
+
+
+def assign_all(saved: dict[str, Any], variables: Sequence[Any]) -> None:
+    """Assign the saved arrays to the variables, in order (after `mismatches` found none)."""
+    for array, variable in zip(saved.values(), variables, strict=True):
+        variable.assign(array)

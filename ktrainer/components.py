@@ -1,0 +1,80 @@
+"""The Trainer's stateful components: unique keys in a checkpoint, and the checks a resume needs first."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["unique_keys", "check_keys", "check_global_batch", "check_checkpoint_dirs"]
+
+log = logging.getLogger("ktrainer")
+
+
+def unique_keys(components: Sequence[Any]) -> dict[str, Any]:
+    """Each component by its `state_key`; a key held by several is numbered in order (`key`, `key#2`, ...)."""
+    keyed: dict[str, Any] = {}
+    for component in components:
+        key = component.state_key
+        number = 1
+        while (key if number == 1 else f"{key}#{number}") in keyed:
+            number += 1
+        keyed[key if number == 1 else f"{key}#{number}"] = component
+    return keyed
+
+
+def check_keys(section: str, saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Warn, naming them, about saved states nobody takes and components that get no saved state."""
+    orphaned = sorted(set(saved) - set(current))
+    fresh = sorted(set(current) - set(saved))
+    if orphaned or fresh:
+        parts = []
+        if orphaned:
+            parts.append(f"the checkpoint has state for {section} this run does not have (ignored): {orphaned}")
+        if fresh:
+            parts.append(f"{section} of this run with no state in the checkpoint (they start fresh): {fresh}")
+        warnings.warn("Resuming: " + "; ".join(parts) + ". Give the Trainer the same callbacks (with the same "
+                      "arguments) as the run that saved it to continue them.", UserWarning, stacklevel=3)
+
+
+def check_global_batch(progress: dict[str, Any], saved: int, current: int, allow_change: bool) -> dict[str, Any]:
+    """The saved progress, checked against the global batch size (mapped to the new one when allowed).
+
+    Raises:
+        ValueError: When the sizes differ and the change is not allowed, naming both and the override.
+    """
+    if saved == current:
+        return progress
+    if not allow_change:
+        raise ValueError(
+            f"The checkpoint was saved with a global batch of {saved} examples per step; this run's global batch is "
+            f"{current} (batch_size x replicas). The data position and the learning rate depend on it, so the run "
+            f"would not continue as it was. Resume with the same batch_size and devices, or pass "
+            f"Trainer(allow_global_batch_change=True) to continue from the same example with the new size."
+        )
+    examples = int(progress["batch_in_epoch"]) * saved
+    mapped = {**progress, "batch_in_epoch": examples // current}
+    log.warning("Resuming with a global batch of %d instead of %d: the epoch continues at batch %d (example %d).",
+                current, saved, mapped["batch_in_epoch"], mapped["batch_in_epoch"] * current)
+    return mapped
+
+
+def check_checkpoint_dirs(callbacks: Sequence[Any], default_root_dir: str, storage_options: dict[str, Any]) -> None:
+    """Refuse two ModelCheckpoints writing to one directory: each would delete the other's checkpoints.
+
+    Raises:
+        ValueError: Naming the shared dirpath.
+    """
+    seen: dict[str, Any] = {}
+    for callback in callbacks:
+        resolve = getattr(callback, "resolve_location", None)
+        if resolve is None:
+            continue
+        where = resolve(default_root_dir, storage_options).canonical_url
+        if where in seen:
+            raise ValueError(
+                f"Two ModelCheckpoint callbacks write to the same dirpath {where!r}; each would apply its retention "
+                "to the other's checkpoints. Give each its own dirpath=..., or merge them into one."
+            )
+        seen[where] = callback

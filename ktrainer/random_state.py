@@ -1,0 +1,35 @@
+"""The process's random state (Python, numpy, TensorFlow, Keras), captured and restored for exact resume."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from keras.src.random.seed_generator import global_seed_generator
+
+__all__ = ["capture_random_state", "restore_random_state"]
+
+
+def capture_random_state() -> dict[str, Any]:
+    """Every global random generator's state, as JSON values."""
+    numpy_state = np.random.get_state()
+    version, internal, gauss = random.getstate()
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]],
+        "tensorflow": tf.random.get_global_generator().state.numpy().tolist(),
+        "keras": np.asarray(global_seed_generator().state).tolist(),
+    }
+
+
+def restore_random_state(state: dict[str, Any]) -> None:
+    """Put back what `capture_random_state` returned."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
+    tf.random.get_global_generator().state.assign(np.array(state["tensorflow"], dtype=np.int64))
+    generator = global_seed_generator().state
+    generator.assign(np.array(state["keras"], dtype=generator.dtype))
