@@ -16,9 +16,10 @@ if keras.backend.backend() != "tensorflow":
 from ktrainer import callbacks, loggers, precision  # noqa: E402
 from ktrainer.compare_precision import PrecisionComparison, compare_precision  # noqa: E402
 from ktrainer.module import Module  # noqa: E402
+from ktrainer.preemption import Preempted  # noqa: E402
 from ktrainer.trainer import Trainer  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["Trainer", "Module", "callbacks", "loggers", "precision", "compare_precision", "PrecisionComparison",
-           "__version__"]
+__all__ = ["Trainer", "Module", "Preempted", "callbacks", "loggers", "precision", "compare_precision",
+           "PrecisionComparison", "__version__"]

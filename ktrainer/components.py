@@ -25,9 +25,12 @@ def unique_keys(components: Sequence[Any]) -> dict[str, Any]:
 
 
 def check_keys(section: str, saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Warn, naming them, about saved states nobody takes and components that get no saved state."""
-    orphaned = sorted(set(saved) - set(current))
-    fresh = sorted(set(current) - set(saved))
+    """Warn, naming them, about saved states nobody takes and components that get no saved state.
+
+    Stateless components (a progress bar) are left out: adding or dropping one changes nothing.
+    """
+    orphaned = sorted(key for key in set(saved) - set(current) if saved[key])
+    fresh = sorted(key for key in set(current) - set(saved) if current[key].state_dict())
     if orphaned or fresh:
         parts = []
         if orphaned:

@@ -6,11 +6,11 @@ import numpy as np
 
 from ktrainer.module import LogOptions
 from ktrainer.progress import RunningSums
-from ktrainer.step import APPLIED, BATCH_SIZE, SKIPPED
+from ktrainer.step import APPLIED, BATCH_SIZE, SKIPPED, STOP
 
 __all__ = ["EpochMetrics", "metric_names"]
 
-_PRIVATE = (BATCH_SIZE, APPLIED, SKIPPED)
+_PRIVATE = (BATCH_SIZE, APPLIED, SKIPPED, STOP)
 
 
 def metric_names(name: str, options: LogOptions) -> tuple[str | None, str | None]:

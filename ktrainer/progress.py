@@ -113,6 +113,7 @@ class Progress:
         self.batch_in_epoch = int(state["batch_in_epoch"])
         self.skipped_steps = int(state["skipped_steps"])
         self.shuffle_seed = int(state["shuffle_seed"])
+        self.pending_validation = bool(state.get("pending_validation", False))
         sums = state.get("epoch_sums")
         self.epoch_sums = RunningSums.from_state_dict(sums) if sums else RunningSums()
         self.epoch_done = False

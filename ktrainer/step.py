@@ -5,7 +5,8 @@ The training step itself is in train_step.py.
 Every step function returns a flat dict of scalars: the loss and what the module logged,
 plus `_batch_size` (examples in the batch) and, for training, `_applied` (1.0 when the
 batch completed an optimizer step) and `_skipped` (1.0 when that step was skipped for
-non-finite gradients). `CompiledSteps` runs up to `steps_per_execution` of them in one
+non-finite gradients), and in multi-worker runs `_stop` (> 0 when any worker received a
+preemption signal, the same on all). `CompiledSteps` runs up to `steps_per_execution` of them in one
 `tf.function` call and returns each step's values, so logging stays per step while the
 Python overhead is paid once per execution.
 """
@@ -19,13 +20,14 @@ import numpy as np
 import tensorflow as tf
 
 __all__ = ["CompiledSteps", "EvalStep", "compile_predict_step", "BATCH_SIZE", "APPLIED", "SKIPPED",
-           "LOSS_SCALE"]
+           "LOSS_SCALE", "STOP"]
 
 BATCH_SIZE = "_batch_size"
 APPLIED = "_applied"
 SKIPPED = "_skipped"
 LOSS_SCALE = "precision/loss_scale"
-_SAME_ON_EVERY_REPLICA = (APPLIED, SKIPPED, LOSS_SCALE)
+STOP = "_stop"
+_SAME_ON_EVERY_REPLICA = (APPLIED, SKIPPED, LOSS_SCALE, STOP)
 
 
 class CompiledSteps:

@@ -14,7 +14,7 @@ from typing import Any
 import tensorflow as tf
 
 from ktrainer.module import LogOptions
-from ktrainer.step import APPLIED, BATCH_SIZE, LOSS_SCALE, SKIPPED, batch_size_of, check_loss, scalar_logs
+from ktrainer.step import APPLIED, BATCH_SIZE, LOSS_SCALE, SKIPPED, STOP, batch_size_of, check_loss, scalar_logs
 
 __all__ = ["TrainStep"]
 
@@ -42,10 +42,14 @@ class TrainStep:
         strategy: The tf.distribute strategy.
         gradient_clip_val: Clip the global gradient norm to this value; None: no clipping.
         accumulate_grad_batches: Batches per optimizer update.
+        stop_flag: A variable local to this worker, > 0 once it wants to stop (a preemption
+            signal); when given, every step returns its sum over all workers as `_stop`, so all
+            workers decide to stop after the same step. None in single-process runs.
     """
 
     def __init__(self, module: Any, optimizer: Any, precision: Any, strategy: tf.distribute.Strategy, *,
-                 gradient_clip_val: float | None, accumulate_grad_batches: int) -> None:
+                 gradient_clip_val: float | None, accumulate_grad_batches: int,
+                 stop_flag: tf.Variable | None = None) -> None:
         self.module = module
         self.optimizer = optimizer
         self.precision = precision
@@ -53,6 +57,7 @@ class TrainStep:
         self.clip = gradient_clip_val
         self.accumulate = accumulate_grad_batches
         self.replicas = strategy.num_replicas_in_sync
+        self.stop_flag = stop_flag
         self._sums: list[tf.Variable] = []
         self._count: tf.Variable | None = None
         self._trained: list[bool] = []
@@ -96,7 +101,9 @@ class TrainStep:
         """Loss and logs of a batch, without gradients (used to discover the output keys)."""
         _, logs = self._loss_and_logs(batch)
         flag = tf.constant(0.0)
-        return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: flag, SKIPPED: flag}
+        stop = {STOP: flag} if self.stop_flag is not None else {}
+        return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: flag, SKIPPED: flag,
+                **stop}
 
     def __call__(self, batch: Any) -> dict[str, tf.Tensor]:
         """One training step on one (per-replica) batch."""
@@ -119,8 +126,14 @@ class TrainStep:
             mean = [total / tf.cast(self.accumulate, total.dtype) for total in sums]
             self._reset_where(due)
             applied, skipped = self._decide(mean, due)
+        stop = {STOP: self._any_worker_stops()} if self.stop_flag is not None else {}
         return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: applied,
-                SKIPPED: skipped}
+                SKIPPED: skipped, **stop}
+
+    def _any_worker_stops(self) -> tf.Tensor:
+        # The flag lives outside the strategy, one per worker: read it here, on this replica's device.
+        local = tf.identity(tf.cast(self.stop_flag.read_value(), tf.float32))
+        return _all_reduce_sum([local])[0]
 
     def flush(self) -> tuple[bool, bool]:
         """Apply the gradients accumulated so far (at an epoch end).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -15,6 +16,7 @@ import tensorflow as tf
 
 from ktrainer.callbacks import Callback, ModelCheckpoint
 from ktrainer.callbacks.lr_monitor import current_learning_rate
+from ktrainer.checkpoint.format import checkpoint_name
 from ktrainer.checkpoint.resume import Resumable, check_ckpt_path, find_checkpoint
 from ktrainer.checkpoint.variables import assign_all, keyed, mismatches
 from ktrainer.components import check_checkpoint_dirs, check_global_batch, check_keys, unique_keys
@@ -40,7 +42,16 @@ from ktrainer.progress import Progress, draw_seed
 from ktrainer.random_state import capture_random_state, restore_random_state
 from ktrainer.run import RunIdentity
 from ktrainer.state import TrainerState
-from ktrainer.step import APPLIED, LOSS_SCALE, SKIPPED, CompiledSteps, EvalStep, compile_predict_step, discover_outputs
+from ktrainer.step import (
+    APPLIED,
+    LOSS_SCALE,
+    SKIPPED,
+    STOP,
+    CompiledSteps,
+    EvalStep,
+    compile_predict_step,
+    discover_outputs,
+)
 from ktrainer.strategies import LR_SCALINGS, per_replica_mean_losses, plan_devices, scale_learning_rate
 from ktrainer.strategies.hardware import visible_accelerators
 from ktrainer.train_step import TrainStep
@@ -386,9 +397,11 @@ class Trainer:
                 val = self._source(val_data, module.val_data, "val_data", training=False, required=False)
             self._build(module, with_optimizer=True)
             self.num_training_batches = batches_per_epoch(train, self.limit_train_batches)
+            stop_flag = tf.Variable(0.0, trainable=False) if self.plan.strategy == "multi_worker" else None
             train_step = self._train_step = TrainStep(module, self.optimizer, self.precision, self.strategy,
                                                       gradient_clip_val=self.gradient_clip_val,
-                                                      accumulate_grad_batches=self.accumulate_grad_batches)
+                                                      accumulate_grad_batches=self.accumulate_grad_batches,
+                                                      stop_flag=stop_flag)
             with self.strategy.scope():
                 keys = discover_outputs(train_step.forward, train.element_spec)
                 self.optimizer.build(module.model.trainable_variables)
@@ -419,9 +432,12 @@ class Trainer:
 
     def _stop_for_preemption(self, signum: int) -> None:
         """Save a checkpoint at the step reached (waiting for a save in flight), then raise Preempted."""
-        saved = self._save_checkpoints("preemption") if self.is_global_zero else []
-        if not saved and self.checkpoint_callback is not None:
-            saved = [self.checkpoint_callback.last_saved] if self.checkpoint_callback.last_saved else []
+        callback = self.checkpoint_callback
+        if self.is_global_zero:
+            saved = self._save_checkpoints("preemption") or ([callback.last_saved] if callback and callback.last_saved
+                                                             else [])
+        else:  # the chief saves, at the same step (every worker stopped after the same one)
+            saved = [f"{self.checkpoint_dir.url.rstrip('/')}/{checkpoint_name(self.global_step)}"] if callback else []
         preempted = Preempted(signum, self.global_step, saved[0] if saved else None)
         log.warning("%s Resume with ckpt_path='last'.", preempted)
         raise preempted
@@ -503,6 +519,8 @@ class Trainer:
             if num_steps == 0:
                 break
             self._call("on_train_batch_start", module, progress.batch_in_epoch)
+            if train_step.stop_flag is not None and self._signals.received is not None:
+                train_step.stop_flag.assign(1.0)  # every worker learns it from this execution's all-reduce
             outputs = runner.run(iterator, num_steps)
             ran = len(outputs[APPLIED])
             if ran == 0:
@@ -533,7 +551,7 @@ class Trainer:
             step_metrics = metrics.step_metrics(outputs, ran - 1)
             self._remember(step_metrics, metrics)
             self._call("on_train_batch_end", module, step_metrics, progress.batch_in_epoch - 1)
-            self._check_for_preemption()
+            self._check_for_preemption(outputs)
             if val is not None and self._val_due_within_epoch():
                 self._validate_in_fit(module, val, val_runner)
             if ran < num_steps:
@@ -576,10 +594,18 @@ class Trainer:
         return max(steps, 0)
 
     def _check_for_preemption(self, outputs: dict[str, np.ndarray] | None = None) -> None:
-        """Stop at this point when a preemption signal arrived (agreed by every worker in multi-worker runs)."""
+        """Stop here when a preemption signal arrived.
+
+        With several workers the decision is the one every worker read from the last training
+        execution's all-reduce (`outputs`), so all stop after the same step and none waits
+        forever in a collective; elsewhere (between epochs, during validation) they go on.
+        """
         received = self._signals.received
-        if received is not None:
-            raise _PreemptionRequested(received)
+        if self._train_step is None or self._train_step.stop_flag is None:
+            if received is not None:
+                raise _PreemptionRequested(received)
+        elif outputs is not None and outputs[STOP][-1] > 0:
+            raise _PreemptionRequested(received if received is not None else signal.SIGTERM)
 
     def _finished(self) -> bool:
         if self.should_stop:

@@ -113,6 +113,7 @@ class ModelCheckpoint(Callback):
         self.last_saved: str | None = None
         self.best_value: float | None = None
         self._last_saved_step = -1
+        self._last_saved_position: list[int] | None = None
         self._last_time = time.monotonic()
         self._saves = 0
         self._commit_floor = 0.0
@@ -196,8 +197,8 @@ class ModelCheckpoint(Callback):
     def save(self, trainer: Any, reason: str = "manual") -> None:
         """Save the training state now (the loop blocks only for the copy to host memory when `async_save`).
 
-        Nothing happens outside the chief process, or when this step is already saved (by this
-        run, or as the checkpoint the run resumed from).
+        Nothing happens outside the chief process, or when this position (step, epoch and batch)
+        is already saved (by this run, or as the checkpoint the run resumed from).
 
         Args:
             trainer: The Trainer.
@@ -206,7 +207,8 @@ class ModelCheckpoint(Callback):
         Raises:
             CheckpointError: When this save fails synchronously, or the previous background save failed.
         """
-        if not trainer.is_global_zero or self.io is None or trainer.global_step == self._last_saved_step:
+        position = _position(trainer.progress.state_dict())
+        if not trainer.is_global_zero or self.io is None or position == self._last_saved_position:
             return
         self.wait()  # at most one save in flight; raises a failure of the previous one
         step = trainer.global_step
@@ -215,6 +217,7 @@ class ModelCheckpoint(Callback):
         save_id = f"{run.run_id}-{self._saves}"
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if math.isfinite(v)}
         self._last_saved_step, self._last_time = step, time.monotonic()
+        self._last_saved_position = position
         new_best = self._note_metric(metrics)
         state = trainer.state_dict()  # after the updates above: the checkpoint's own state knows itself
         if self.async_save:
@@ -292,14 +295,22 @@ class ModelCheckpoint(Callback):
     # ----- state --------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The last saved step and the best monitored value."""
-        return {"last_saved_step": self._last_saved_step, "best_value": self.best_value}
+        """The last saved step and position, and the best monitored value."""
+        return {"last_saved_step": self._last_saved_step, "last_saved_position": self._last_saved_position,
+                "best_value": self.best_value}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the last saved step and the best monitored value."""
+        """Restore the last saved step and position, and the best monitored value."""
         self._last_saved_step = int(state.get("last_saved_step", -1))
+        position = state.get("last_saved_position")
+        self._last_saved_position = [int(p) for p in position] if isinstance(position, list) else None
         best = state.get("best_value")
         self.best_value = float(best) if isinstance(best, int | float) else None
+
+
+def _position(progress: dict[str, Any]) -> list[int]:
+    """Where a run is, as a checkpoint records it: step, epoch, batch within the epoch."""
+    return [int(progress["global_step"]), int(progress["epoch"]), int(progress["batch_in_epoch"])]
 
 
 def _versions() -> dict[str, str]:

@@ -26,13 +26,13 @@ READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 MAX_FILE_SIZE = 2**44  # 16 TiB: a declared size above this is not a size a save could have written
 
-_NAME = re.compile(r"step-(\d{8,})")
-_SAVE_ID = r"(?P<run>[0-9a-f]{12})-\d{1,9}"
+_NAME = re.compile(r"step-([0-9]{8,})")
+_SAVE_ID = r"(?P<run>[0-9a-f]{12})-[0-9]{1,9}"
 _OWN_FILES = (
-    re.compile(rf"[a-z_]+-\d{{5}}\.{_SAVE_ID}\.tensors"),
+    re.compile(rf"[a-z_]+-[0-9]{{5}}\.{_SAVE_ID}\.tensors"),
     re.compile(rf"(?:trainer|model_config)\.{_SAVE_ID}\.json"),
     re.compile(rf"{re.escape(MANIFEST)}\.{_SAVE_ID}\.tmp"),
-    re.compile(rf"{re.escape(MANIFEST)}|(?:model|optimizer)-\d{{5}}\.tensors|trainer\.json|model_config\.json"),
+    re.compile(rf"{re.escape(MANIFEST)}|(?:model|optimizer)-[0-9]{{5}}\.tensors|trainer\.json|model_config\.json"),
 )
 _CHECKSUMS = {"crc32c": re.compile(r"[0-9a-f]{8}"), "sha256": re.compile(r"[0-9a-f]{64}")}
 
@@ -149,7 +149,7 @@ def parse_manifest(data: bytes, directory_name: str | None = None) -> Manifest:
     """
     try:
         fields = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise _fail("manifest is not valid JSON (truncated or corrupt)") from None
     if not isinstance(fields, dict):
         raise _fail(f"manifest is a JSON {type(fields).__name__}, not an object")
@@ -167,7 +167,7 @@ def parse_manifest(data: bytes, directory_name: str | None = None) -> Manifest:
     if directory_name is not None and step_of(directory_name) not in (None, step):
         raise _fail(f"manifest step {step} does not match the directory name {directory_name}")
     committed = fields.get("committed", fields.get("created", 0.0))
-    if not isinstance(committed, int | float) or isinstance(committed, bool) or not math.isfinite(committed):
+    if not isinstance(committed, int | float) or isinstance(committed, bool) or not _finite(committed):
         raise _fail(f"manifest commit time {committed!r} is not a number")
     files = fields.get("files")
     if not isinstance(files, list) or not files:
@@ -180,6 +180,13 @@ def parse_manifest(data: bytes, directory_name: str | None = None) -> Manifest:
         seen.add(parsed.name)
         entries.append(parsed)
     return Manifest(fields, tuple(entries))
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 def _file_entry(entry: Any) -> FileEntry:

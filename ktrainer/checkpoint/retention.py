@@ -11,6 +11,7 @@ save of an unrelated run.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -66,8 +67,8 @@ class Retention:
         """The names of the complete, owned checkpoints these rules keep."""
         by_commit = sorted(owned, key=lambda e: (e.committed, e.step))
         kept = {e.name for e in (by_commit[-self.max_to_keep:] if self.max_to_keep else by_commit)}
-        ranked = sorted((e for e in owned if e.metric is not None), key=lambda e: e.metric,
-                        reverse=self.mode == "max")
+        ranked = sorted((e for e in owned if e.metric is not None and math.isfinite(e.metric)),
+                        key=lambda e: e.metric, reverse=self.mode == "max")
         kept.update(e.name for e in ranked[: self.save_top_k])
         if self.keep_every_n_steps:
             kept.update(e.name for e in owned if e.step % self.keep_every_n_steps == 0)

@@ -24,9 +24,14 @@ __all__ = ["to_files", "from_files", "freeze", "is_array", "SHARD_BYTES", "STATE
 SHARD_BYTES = 32 * 2**20  # one PUT each; measured faster on S3 than one large PUT or a multipart stream
 STATE_FILE = "trainer"
 _TENSOR = "__tensor__"
-_SECTION = re.compile(r"[a-z_]+")
-_TENSOR_FILE = re.compile(r"(?P<section>[a-z_]+)-\d{5}\.(?:[0-9a-f]{12}-\d+\.)?tensors")
-_JSON_FILE = re.compile(r"(?P<base>[a-z_]+)\.(?:[0-9a-f]{12}-\d+\.)?json")
+_SECTION = re.compile(r"[a-z_]+", re.ASCII)
+_TENSOR_FILE = re.compile(r"(?P<section>[a-z_]+)-[0-9]{5}\.(?:[0-9a-f]{12}-[0-9]+\.)?tensors")
+_JSON_FILE = re.compile(r"(?P<base>[a-z_]+)\.(?:[0-9a-f]{12}-[0-9]+\.)?json")
+
+
+def _segment(key: Any) -> str:
+    """A dict key as one path segment (JSON-pointer escaping: "~" -> "~0", "/" -> "~1")."""
+    return str(key).replace("~", "~0").replace("/", "~1")
 
 
 def is_array(value: Any) -> bool:
@@ -56,13 +61,18 @@ def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] 
         read: Turns a stored value into a numpy array when its shard is written.
 
     Raises:
-        ValueError: For a section name that is not lowercase letters and "_".
+        ValueError: For a section or extra file name that is not lowercase letters and "_" (or is
+            the state file's), or keys that collide once made strings.
     """
     sections: dict[str, dict[str, Any]] = {}
 
     def replace(value: Any, section: str, path: str) -> Any:
         if isinstance(value, dict):
-            return {str(k): replace(v, section, f"{path}/{k}") for k, v in value.items()}
+            keys = [str(k) for k in value]
+            if len(set(keys)) != len(keys) or keys == [_TENSOR]:
+                raise ValueError(f"state {section}{path} has keys that collide as strings, or is a dict whose only "
+                                 f"key is {_TENSOR!r}: {sorted(keys)}")
+            return {str(k): replace(v, section, f"{path}/{_segment(k)}") for k, v in value.items()}
         if isinstance(value, list | tuple):
             return [replace(v, section, f"{path}/{i}") for i, v in enumerate(value)]
         if is_array(value):
@@ -81,6 +91,8 @@ def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] 
             files[data_file_name(f"{section}-{number:05d}", save_id, "tensors")] = TensorFile(shard, read)
     files[data_file_name(STATE_FILE, save_id, "json")] = json.dumps(tree, sort_keys=True).encode()
     for base, value in (extra_json or {}).items():
+        if not _SECTION.fullmatch(base) or base == STATE_FILE:
+            raise ValueError(f"extra JSON file name {base!r} must be lowercase letters and '_', not {STATE_FILE!r}")
         files[data_file_name(base, save_id, "json")] = json.dumps(value).encode()
     return files
 

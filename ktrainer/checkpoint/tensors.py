@@ -32,10 +32,13 @@ def dtype_from_name(name: str) -> np.dtype:
         return np.dtype(name)
     except TypeError:
         pass
-    extra = getattr(ml_dtypes, name, None)
-    if extra is None:
-        raise ValueError(f"unknown dtype {name!r} in a tensor file")
-    return np.dtype(extra)
+    extra = getattr(ml_dtypes, name, None) if name.isidentifier() and not name.startswith("_") else None
+    try:
+        if extra is not None:
+            return np.dtype(extra)
+    except TypeError:
+        pass
+    raise ValueError(f"unknown dtype {name!r} in a tensor file")
 
 
 def _dtype_of(value: Any) -> np.dtype:
@@ -83,7 +86,7 @@ class TensorFile:
             if array.nbytes != entry["nbytes"]:
                 raise ValueError(f"{name!r} changed size while being written")
             if array.nbytes:
-                yield memoryview(array.reshape(-1)).cast("B")
+                yield memoryview(array.reshape(-1).view(np.uint8))  # as bytes: also for dtypes buffers refuse
 
 
 def read_tensors(data: Any) -> dict[str, np.ndarray]:
@@ -100,15 +103,38 @@ def read_tensors(data: Any) -> dict[str, np.ndarray]:
         raise ValueError("tensor file truncated in its index")
     try:
         index = json.loads(bytes(data[_LENGTH.size:start]))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise ValueError("tensor file index is not valid JSON") from None
+    if not isinstance(index, dict):
+        raise ValueError("tensor file index is not an object of entries")
     arrays = {}
     for name, entry in index.items():
-        dtype = dtype_from_name(entry["dtype"]).newbyteorder("<")
-        end = start + entry["offset"] + entry["nbytes"]
-        if entry["offset"] < 0 or end > len(data):
+        dtype, shape, offset, nbytes = _checked_entry(name, entry)
+        end = start + offset + nbytes
+        if end > len(data):
             raise ValueError(f"tensor file truncated in {name!r}")
-        count = entry["nbytes"] // dtype.itemsize
-        flat = np.frombuffer(data, dtype=dtype, count=count, offset=start + entry["offset"])
-        arrays[name] = flat.reshape(entry["shape"])
+        count = nbytes // dtype.itemsize
+        flat = np.frombuffer(data, dtype=dtype, count=count, offset=start + offset)
+        arrays[name] = flat.reshape(shape)
     return arrays
+
+
+def _checked_entry(name: str, entry: Any) -> tuple[np.dtype, list[int], int, int]:
+    """(dtype, shape, offset, nbytes) of an index entry, each checked; ValueError otherwise."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"tensor file index entry {name!r} is not an object")
+    try:
+        dtype = dtype_from_name(str(entry["dtype"])).newbyteorder("<")
+    except (KeyError, TypeError):
+        raise ValueError(f"tensor file index entry {name!r} has no usable dtype") from None
+    shape, offset, nbytes = entry.get("shape"), entry.get("offset"), entry.get("nbytes")
+    counts = shape if isinstance(shape, list) else []
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in counts):
+        raise ValueError(f"tensor file index entry {name!r} has a bad shape {shape!r}")
+    for label, value in (("offset", offset), ("nbytes", nbytes)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"tensor file index entry {name!r} has a bad {label} {value!r}")
+    if nbytes != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+        raise ValueError(f"tensor file index entry {name!r} declares {nbytes} bytes for shape {shape} of {dtype}")
+    return dtype, shape, offset, nbytes

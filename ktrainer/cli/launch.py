@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +32,8 @@ def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "launch", help="run a command as N local workers of one multi-worker job (for trying it out, and tests)",
         description="Start COMMAND once per node, each with a TF_CONFIG naming all of them on 127.0.0.1, wait "
-                    "for all, and exit with the first failure's status. Worker 0 is the chief. Example: "
+                    "for all, and exit with the first failure's status. Worker 0 is the chief. SIGTERM and "
+                    "SIGUSR1 are forwarded to every worker (a preemption notice). Example: "
                     "ktrainer launch --nodes 2 -- ktrainer fit my.py:Module --max-steps 100")
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
@@ -47,6 +49,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--nodes must be >= 1, got {args.nodes}.")
     processes = [subprocess.Popen(command, env={**os.environ, "TF_CONFIG": config})
                  for config in local_cluster(args.nodes)]
+
+    def forward(signum: int, frame: Any) -> None:  # a preemption notice is for every worker
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signum)
+
+    previous = {number: signal.signal(number, forward) for number in (signal.SIGTERM, signal.SIGUSR1)}
     status = 0
     try:
         for process in processes:
@@ -57,9 +66,13 @@ def run(args: argparse.Namespace) -> int:
                     if other.poll() is None:
                         other.terminate()
     finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         for process in processes:
             if process.poll() is None:
                 process.kill()
-    if status:
+    if status in (128 + signal.SIGTERM, 128 + signal.SIGUSR1):
+        print(f"ktrainer launch: the workers stopped on a preemption signal (status {status})", file=sys.stderr)
+    elif status:
         print(f"ktrainer launch: a worker failed with status {status}", file=sys.stderr)
     return status

@@ -1,10 +1,16 @@
-"""One leg of a resume test, in a fresh process: `python resume_run.py ROOT MAX_STEPS PRECISION [CKPT] [OPTIONS_JSON]`.
+"""One leg of a resume test, in a fresh process.
 
-Prints a JSON object: the (step, loss) pairs it trained and the path of its final weights.
+    python resume_run.py ROOT MAX_STEPS PRECISION [CKPT] [OPTIONS_JSON] [--seed N|none] [--accumulate N]
+                         [--every-n-steps N] [--async-save] [--report]
+
+Prints, with --report, a line `step N` after every training batch and `saved URL` after every
+committed checkpoint (flushed: the tests wait on them). At the end, a JSON object: the (step,
+loss) pairs it trained, the path of its final weights, its step and epoch, the loss scale.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -44,29 +50,77 @@ class Net(kt.Module):
         return x[:40], y[:40]
 
 
+class SaveAndStop(kt.callbacks.Callback):
+    """Saves a checkpoint after training batch `batch` of the run (mid accumulation group, say), then stops."""
+
+    def __init__(self, batch: int):
+        self.batch, self.seen = batch, 0
+
+    def on_train_batch_end(self, trainer, module, metrics, batch_idx):
+        self.seen += 1
+        if self.seen == self.batch:
+            trainer.save_checkpoint()
+            trainer.should_stop = True
+
+
 class Losses(kt.callbacks.Callback):
-    def __init__(self):
+    """Records each step's loss; with `report`, prints each step and each committed checkpoint."""
+
+    def __init__(self, report: bool = False):
         self.losses = []
+        self.report = report
+        self._saved = None
 
     def on_train_batch_end(self, trainer, module, metrics, batch_idx):
         self.losses.append([trainer.global_step, metrics["train/loss_step"]])
+        if self.report:
+            saved = trainer.checkpoint_callback.last_saved if trainer.checkpoint_callback else None
+            if saved != self._saved:
+                self._saved = saved
+                print(f"saved {saved}", flush=True)
+            print(f"step {trainer.global_step}", flush=True)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("root")
+    parser.add_argument("max_steps", type=int)
+    parser.add_argument("precision")
+    parser.add_argument("ckpt", nargs="?", default="-")
+    parser.add_argument("options", nargs="?", default="{}")
+    parser.add_argument("--seed", default="7")
+    parser.add_argument("--accumulate", type=int, default=1)
+    parser.add_argument("--every-n-steps", type=int, default=None)
+    parser.add_argument("--max-to-keep", type=int, default=3)
+    parser.add_argument("--async-save", action="store_true")
+    parser.add_argument("--report", action="store_true")
+    parser.add_argument("--save-and-stop-at-batch", type=int, default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> None:
+    args = parse(argv)
+    losses = Losses(report=args.report)
+    callbacks = [losses]
+    if args.save_and_stop_at_batch:
+        callbacks.append(SaveAndStop(args.save_and_stop_at_batch))
+    if args.every_n_steps or args.async_save:
+        callbacks.insert(0, kt.callbacks.ModelCheckpoint(every_n_train_steps=args.every_n_steps,
+                                                         max_to_keep=args.max_to_keep, async_save=args.async_save))
+    trainer = kt.Trainer(max_steps=args.max_steps, batch_size=32, seed=None if args.seed == "none" else int(args.seed),
+                         precision=args.precision, default_root_dir=args.root, callbacks=callbacks,
+                         enable_progress_bar=False, log_every_n_steps=1, storage_options=json.loads(args.options),
+                         accumulate_grad_batches=args.accumulate)
+    module = Net()
+    trainer.fit(module, ckpt_path=None if args.ckpt == "-" else args.ckpt)
+    weights_file = os.path.abspath(f"weights-{os.getpid()}.npz")  # the test runs us in a temporary folder
+    arrays = [np.asarray(v) for v in module.model.variables]
+    np.savez(weights_file, *[a.astype(np.float32) if a.dtype.name == "bfloat16" else a for a in arrays])
+    scale = float(trainer.optimizer.dynamic_scale.numpy()) if args.precision == "16-mixed" else None
+    print(json.dumps({"losses": losses.losses, "weights": weights_file, "step": trainer.global_step,
+                      "epoch": trainer.current_epoch, "scale": scale,
+                      "shuffle_seed": trainer.progress.shuffle_seed}))
 
 
 if __name__ == "__main__":
-    root, max_steps, precision = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    ckpt = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "-" else None
-    options = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
-    losses = Losses()
-    callbacks = [losses]
-    if os.environ.get("KTRAINER_TEST_SAVE_EVERY_STEP"):  # the kill test: a save in progress most of the time
-        callbacks.append(kt.callbacks.ModelCheckpoint(every_n_train_steps=1, max_to_keep=2))
-    trainer = kt.Trainer(max_steps=max_steps, batch_size=32, seed=7, precision=precision, default_root_dir=root,
-                         callbacks=callbacks, enable_progress_bar=False, log_every_n_steps=1,
-                         storage_options=options)
-    module = Net()
-    trainer.fit(module, ckpt_path=ckpt)
-    weights_file = os.path.abspath(f"weights-{os.getpid()}.npz")  # the test runs us in a temporary folder
-    np.savez(weights_file, *[v.numpy() for v in module.model.variables])
-    print(json.dumps({"losses": losses.losses, "weights": weights_file, "step": trainer.global_step,
-                      "epoch": trainer.current_epoch, "scale": float(trainer.optimizer.dynamic_scale.numpy())
-                      if precision == "16-mixed" else None}))
+    main(sys.argv[1:])

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
 import sys
-import time
 
 import fsspec
 import numpy as np
 import pytest
 
 import ktrainer as kt
-import ktrainer.checkpoint
 from ktrainer.checkpoint.resume import find_checkpoint
 from tests.checkpoint.resume_run import Net
+from tests.checkpoint.test_preemption import Lines
 from tests.checkpoint.test_resume import RUNNER, leg, weights
 
 
@@ -58,38 +56,62 @@ def test_a_truncated_newest_checkpoint_on_s3_falls_back(s3_bucket):
     assert trainer.global_step == 6  # resumed at 5
 
 
-def _kill_trials(root, options, trials, cwd):
-    """Start a run that saves every step, SIGKILL it at a random moment, and check it can resume."""
-    env = {**os.environ, "KTRAINER_TEST_SAVE_EVERY_STEP": "1"}
-    chooser = random.Random(1234)
-    resumed_steps = []
+def _kill_trials(root, options, trials, cwd, seed):
+    """Run trainings that save every step (some in the background), SIGKILL each at a random moment after a random
+    number of committed checkpoints, and check that 'last' is a valid checkpoint at least that new (every checksum
+    checked, as resume reads it); the first trial also resumes training from it."""
+    chooser = random.Random(seed)
     for trial in range(trials):
         run_root = f"{root}/trial{trial}"
-        process = subprocess.Popen([sys.executable, str(RUNNER), run_root, "400", "32-true", "-", json.dumps(options)],
-                                   cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(chooser.uniform(5.0, 8.0))  # start-up takes ~4 s; then a save every step
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        wanted = chooser.randint(1, 5)
+        extra = ["--async-save"] if chooser.random() < 0.5 else []
+        command = [sys.executable, str(RUNNER), run_root, "100000", "32-true", "-", json.dumps(options),
+                   "--every-n-steps", "1", "--max-to-keep", "2", "--report", *extra]
+        process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        lines = Lines(process)
+        committed = []
+        while len(committed) < wanted:
+            line = lines.wait_for(lambda line: line.startswith("saved ") and line != "saved None")
+            committed.append(int(line.rsplit("-", 1)[1]))
+        process.send_signal(signal.SIGKILL)  # wherever it is now: mid-step, mid-save, mid-retention
+        process.wait(timeout=60)
         trainer = kt.Trainer(max_steps=10_000, batch_size=32, default_root_dir=run_root, storage_options=options,
                              enable_progress_bar=False, logger=False)
-        try:
-            info, _ = find_checkpoint(trainer, "last")
-        except kt.checkpoint.CheckpointError:
-            continue  # killed before the first save finished: nothing to resume, nothing lost
-        assert info.valid
-        trainer.max_steps = info.step + 1
-        trainer.fit(Net(), ckpt_path="last")
-        assert trainer.global_step == info.step + 1
-        resumed_steps.append(info.step)
-    assert len(resumed_steps) >= trials // 2, resumed_steps
+        resumable = find_checkpoint("last", trainer.checkpoint_dir, options)
+        assert resumable.info.valid and resumable.info.checksums_checked
+        assert resumable.info.step >= committed[-1], (trial, committed, resumable.info.step)
+        if trial:
+            continue  # resuming reads exactly what was verified above; one training resume per test shows it
+        again = kt.Trainer(max_steps=resumable.info.step + 1, batch_size=32, default_root_dir=run_root,
+                           storage_options=options, enable_progress_bar=False, logger=False,
+                           callbacks=[kt.callbacks.ModelCheckpoint(every_n_train_steps=1, max_to_keep=2)])
+        again.fit(Net(), ckpt_path="last")
+        assert again.global_step == resumable.info.step + 1
 
 
 @pytest.mark.filterwarnings("ignore:Checkpoint .* is not valid")
-def test_sigkill_during_saves_always_leaves_a_resumable_checkpoint_locally(tmp_path):
-    _kill_trials(str(tmp_path / "runs"), {}, 10, tmp_path)
+@pytest.mark.filterwarnings("ignore:Resuming. the checkpoint has state")
+def test_sigkill_at_random_moments_always_leaves_a_resumable_checkpoint_locally(tmp_path):
+    _kill_trials(str(tmp_path / "runs"), {}, 5, tmp_path, seed=1)
 
 
 @pytest.mark.filterwarnings("ignore:Checkpoint .* is not valid")
-def test_sigkill_during_saves_always_leaves_a_resumable_checkpoint_on_s3(s3_bucket, tmp_path):
+@pytest.mark.filterwarnings("ignore:Resuming. the checkpoint has state")
+def test_sigkill_at_random_moments_always_leaves_a_resumable_checkpoint_on_s3(s3_bucket, tmp_path):
     root, options = s3_bucket
-    _kill_trials(root, options, 10, tmp_path)
+    _kill_trials(root, options, 5, tmp_path, seed=2)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Checkpoint .* is not valid")
+@pytest.mark.filterwarnings("ignore:Resuming. the checkpoint has state")
+def test_sigkill_more_trials_locally(tmp_path):
+    _kill_trials(str(tmp_path / "runs"), {}, 15, tmp_path, seed=3)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Checkpoint .* is not valid")
+@pytest.mark.filterwarnings("ignore:Resuming. the checkpoint has state")
+def test_sigkill_more_trials_on_s3(s3_bucket, tmp_path):
+    root, options = s3_bucket
+    _kill_trials(root, options, 15, tmp_path, seed=4)
