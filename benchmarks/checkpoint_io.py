@@ -1,15 +1,20 @@
-"""Checkpoint save/restore throughput against a plain fsspec write/read, async blocking time, peak memory.
+"""What checkpoints cost the user, through the public API, against plain fsspec I/O of the same files, in one process.
 
-    python benchmarks/checkpoint_io.py [--megabytes 100] [--repeats 3]
+    python benchmarks/checkpoint_io.py [--megabytes 100] [--saves 6] [--storage local s3]
 
-A model whose weights plus Adam slots hold about `--megabytes` of state is saved and restored
-through ktrainer's checkpoint manager (npz streamed and hashed, manifest last, read back and
-verified), and the same number of bytes is written and read with one plain fsspec call, on a
-local folder and on S3 (a moto server process on 127.0.0.1), in one run. Then a Trainer saves the state with
-`ModelCheckpoint(async_save=False)` and `(async_save=True)`: the time the training loop is
-blocked by each. Peak extra memory of a whole save (taking the state and writing it) is measured
-with tracemalloc (numpy reports its buffers to it): a synchronous save streams the live
-variables one at a time, an async one first copies them all to host memory.
+For a model whose weights plus Adam slots hold about `--megabytes` of state, on a local folder
+and on S3 (a moto server in its own process on 127.0.0.1):
+
+- save: how long one save blocks the training loop (a Trainer with `ModelCheckpoint`, synchronous
+  and `async_save=True`; median over `--saves` saves, each started once the previous one was
+  committed), against a plain fsspec write of the very same files (their bytes already in memory)
+  to fresh paths; and, for async, against one in-memory copy of the state (what it must wait for);
+- resume: what `fit(ckpt_path=...)` adds before training starts (find, read, verify every
+  checksum, load), against a plain fsspec read of the same files, and what verification alone costs;
+- preemption: the time from SIGTERM to the committed checkpoint, and to the process's exit, for
+  a training process of this model (and of the small demo model).
+
+Figures are ratios against the plain I/O measured in the same run: the machines are shared and noisy.
 """
 
 from __future__ import annotations
@@ -17,13 +22,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -31,12 +36,16 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import ktrainer as kt  # noqa: E402
-from ktrainer.checkpoint.manager import CheckpointManager  # noqa: E402
-from ktrainer.checkpoint.state import TrainingState, capture, restore  # noqa: E402
+from ktrainer.checkpoint import FsspecCheckpointIO  # noqa: E402
+from ktrainer.checkpoint.checksum import Checksum  # noqa: E402
 from ktrainer.fs import Location  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class Big(kt.Module):
+    """Four square Dense layers: 4 x width^2 float32 weights, x3 with Adam's two slots."""
+
     def __init__(self, width: int):
         super().__init__()
         self.width = width
@@ -51,134 +60,222 @@ class Big(kt.Module):
     def training_step(self, batch):
         return keras.ops.mean(keras.ops.square(self.model(batch[0]) - batch[1]))
 
+    def train_data(self):
+        x = np.random.default_rng(0).normal(size=(64, self.width)).astype("float32")
+        return x, x
+
 
 def width_for(megabytes: float) -> int:
-    # 4 layers of width^2 float32 weights, times 3 with Adam's two slots.
     return int((megabytes * 1e6 / (3 * 4 * 4)) ** 0.5)
 
 
-def timed(function, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+class TimedCheckpoint(kt.callbacks.ModelCheckpoint):
+    """Times how long each save blocks the training loop and, after it, a plain write of the same files.
 
+    Each save starts once the previous one is committed (as if training took longer than a save),
+    so only what the save itself blocks is timed.
+    """
 
-def io_rates(location: Location, state: TrainingState, model, optimizer, repeats: int) -> dict[str, float]:
-    manager = CheckpointManager(location)
-    megabytes = state.nbytes / 1e6
-    blob = np.random.default_rng(0).bytes(state.nbytes)
-    fs, root = location.fs, location.path.rstrip("/")
-    fs.makedirs(root, exist_ok=True)
-    counter = iter(range(10**6))
-
-    def save():
-        manager.save(f"step-{next(counter):08d}", state.to_files(), {"step": 0})
-
-    def restore_all():
-        loaded = TrainingState.from_files(manager.read("step-00000000")[1])
-        restore(loaded, model, optimizer)
-
-    results = {
-        "save MB/s": megabytes / timed(save, repeats),
-        "plain write MB/s": megabytes / timed(lambda: fs.pipe_file(f"{root}/plain.bin", blob), repeats),
-        "restore MB/s": megabytes / timed(restore_all, repeats),
-        "plain read MB/s": megabytes / timed(lambda: fs.cat_file(f"{root}/plain.bin"), repeats),
-    }
-    tracemalloc.start()
-    for copy in (False, True):  # a synchronous save streams the live variables; an async one copies first
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        taken = capture(model, optimizer, {"progress": {}}, copy=copy)
-        manager.save(f"step-{next(counter):08d}", taken.to_files(), {"step": 0})
-        del taken
-        label = "async" if copy else "sync"
-        results[f"{label} save peak extra / state"] = (tracemalloc.get_traced_memory()[1] - base) / state.nbytes
-    tracemalloc.stop()
-    return results
-
-
-class SaveTimer(kt.callbacks.ModelCheckpoint):
-    """Times how long each save blocks the training loop."""
-
-    def __init__(self, **kwargs):
+    def __init__(self, options: dict, **kwargs):
         super().__init__(every_n_train_steps=1, save_last=False, max_to_keep=2, **kwargs)
+        self.options = options
         self.blocked: list[float] = []
+        self.plain: list[float] = []
+        self.copies: list[float] = []
 
-    def save(self, trainer):
-        self.wait()  # as if training took longer than a save: measure only what this save itself blocks
+    def save(self, trainer, reason="manual"):
+        self.wait()
         start = time.perf_counter()
-        super().save(trainer)
+        super().save(trainer, reason)
         self.blocked.append(time.perf_counter() - start)
+        self.wait()
+        _, files = self.io.read(self.last_saved.rsplit("/", 1)[1])
+        self.plain.append(plain_io(Location(self.location.url, self.options), files)[0])
+        state = trainer.state_dict()
+        variables = [*state["model"].values(), *state["optimizer"].values()]
+        start = time.perf_counter()
+        copies = [np.asarray(variable) for variable in variables]  # one copy of each into fresh host memory
+        self.copies.append(time.perf_counter() - start)
+        del copies
 
 
-def blocking(root: str, width: int, steps: int, options: dict) -> dict[str, float]:
-    found = {}
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(8 * steps, width)).astype("float32")
+class LoadTimer(kt.callbacks.Callback):
+    """Times what `fit(ckpt_path=...)` does to resume: find and read the checkpoint (every checksum checked), then
+    `trainer.load_state_dict` (checks, then assigns every variable and the progress)."""
+
+    def __init__(self, ckpt_path: str, options: dict):
+        self.ckpt_path, self.options, self.seconds = ckpt_path, options, None
+
+    def on_fit_start(self, trainer, module):
+        start = time.perf_counter()
+        resumable = kt.checkpoint.find_checkpoint(self.ckpt_path, trainer.checkpoint_dir, self.options)
+        trainer.load_state_dict(resumable.state)
+        self.seconds = time.perf_counter() - start
+
+
+def plain_io(location: Location, files: dict[str, bytes]) -> tuple[float, float]:
+    """Seconds to write the files with plain fsspec calls to fresh paths, then to read them back."""
+    fs = location.fs
+    folder = f"{location.path.rstrip('/')}/plain-{time.time_ns()}"
+    fs.makedirs(folder, exist_ok=True)
+    start = time.perf_counter()
+    for name, data in files.items():
+        fs.pipe_file(f"{folder}/{name}", data)
+    written = time.perf_counter() - start
+    start = time.perf_counter()
+    for name in files:
+        fs.cat_file(f"{folder}/{name}")
+    return written, time.perf_counter() - start
+
+
+def measure(url: str, options: dict, width: int, saves: int) -> dict[str, float]:
+    found: dict[str, float] = {}
+    trainer_args = {"batch_size": 8, "logger": False, "enable_progress_bar": False, "storage_options": options}
     for async_save in (False, True):
-        timer = SaveTimer(async_save=async_save, dirpath=f"{root}/async-{async_save}", storage_options=options)
-        trainer = kt.Trainer(max_steps=steps, batch_size=8, callbacks=[timer], logger=False,
-                             enable_progress_bar=False)
-        trainer.fit(Big(width), train_data=(x, x))
-        found[async_save] = statistics.median(timer.blocked[1:])  # the first save waits for nothing before it
-    return {"sync save blocks s": found[False], "async save blocks s": found[True],
-            "async / sync blocking": found[True] / found[False]}
+        timer = TimedCheckpoint(options, async_save=async_save, dirpath=f"{url}/save-{async_save}")
+        trainer = kt.Trainer(max_steps=saves + 1, callbacks=[timer], **trainer_args)
+        trainer.fit(Big(width))
+        found["async" if async_save else "sync"] = statistics.median(timer.blocked[1:])
+        if not async_save:
+            found["plain write"] = statistics.median(timer.plain[1:])
+            found["copy"] = statistics.median(timer.copies[1:])
+    io = FsspecCheckpointIO(Location(f"{url}/save-False", options))
+    newest = max(io.list(), key=lambda info: info.committed)
+    reads, plain_reads, checks = [], [], []
+    for _ in range(3):
+        start = time.perf_counter()
+        _, files = io.read(newest.name)
+        reads.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        for entry in newest.manifest.files:
+            Checksum.of(files[entry.name], entry.algorithm)
+        checks.append(time.perf_counter() - start)
+        plain_reads.append(plain_io(Location(url, options), files)[1])
+    found["read and verify"], found["verify only"] = statistics.median(reads), statistics.median(checks)
+    found["plain read"] = statistics.median(plain_reads)
+    found["bytes"] = sum(len(data) for data in files.values())
+    loader = LoadTimer(f"{url}/save-False/{newest.name}", options)
+    kt.Trainer(max_steps=newest.step + 1, callbacks=[loader], enable_checkpointing=False, **trainer_args).fit(
+        Big(width))
+    found["resume adds"] = loader.seconds
+    return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--megabytes", type=float, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=5, help="steps (one save each) for the blocking measure")
-    args = parser.parse_args()
-    width = width_for(args.megabytes)
-    module = Big(width)
-    model = module.build()
-    optimizer = module.configure_optimizers()
-    optimizer.build(model.trainable_variables)
-    state = capture(model, optimizer, {"progress": {}})
-    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}; "
-          f"state {state.nbytes / 1e6:.0f} MB (4 Dense {width}x{width} + Adam slots)")
+PREEMPTED = """
+import sys, time
+sys.path.insert(0, {here!r})
+from checkpoint_io import Big
+import ktrainer as kt
+from ktrainer.demos import DemoClassifier
 
+class Report(kt.callbacks.Callback):
+    def on_train_batch_end(self, trainer, module, metrics, batch_idx):
+        if trainer.checkpoint_callback.last_saved:
+            print("saved", trainer.checkpoint_callback.last_saved, flush=True)
+
+module = Big({width}) if {width} else DemoClassifier()
+trainer = kt.Trainer(max_steps=10**6, batch_size=8, logger=False, enable_progress_bar=False,
+                     default_root_dir={root!r}, storage_options={options!r},
+                     callbacks=[kt.callbacks.ModelCheckpoint(every_n_train_steps=3, max_to_keep=2), Report()])
+trainer.fit(module)
+"""
+
+
+def preemption(url: str, options: dict, width: int) -> dict[str, float]:
+    """Seconds from SIGTERM to the new manifest being committed, and to the process's exit."""
+    root = f"{url}/preempted-{width}-{time.time_ns()}"
+    code = PREEMPTED.format(here=HERE, width=width, root=root, options=options)
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               text=True)
+    for line in process.stdout:
+        if line.startswith("saved"):
+            break
+    io = FsspecCheckpointIO(Location(f"{root}/checkpoints", options))
+    before = max(info.committed for info in io.list() if info.manifest)
+    sent = time.perf_counter()
+    process.send_signal(signal.SIGTERM)
+    committed_at = None
+    while process.poll() is None or committed_at is None:
+        infos = [info for info in io.list() if info.manifest and info.committed > before]
+        if infos and committed_at is None:
+            committed_at = time.perf_counter()
+        if process.poll() is not None and committed_at is None:
+            infos = [info for info in io.list() if info.manifest and info.committed > before]
+            committed_at = time.perf_counter() if infos else float("nan")
+        time.sleep(0.005)  # a poll interval: the benchmark watches the storage for the commit
+    exited = time.perf_counter()
+    return {"to commit": committed_at - sent, "to exit": exited - sent, "status": process.returncode}
+
+
+def start_s3() -> tuple[subprocess.Popen, dict]:
     for name, value in {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
                         "AWS_DEFAULT_REGION": "us-east-1"}.items():
         os.environ.setdefault(name, value)
-    # The S3 server runs in its own process, so that neither its memory nor its CPU time counts as ours.
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    s3_options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
-    for _ in range(100):
+    options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
+    deadline = time.monotonic() + 60
+    while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             break
         except OSError:
-            time.sleep(0.1)
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # a poll interval while the server starts
+    Location("s3://bench", options).fs.mkdir("bench")
+    return server, options
+
+
+def report(label: str, found: dict[str, float]) -> None:
+    """Print one storage's figures, each against the plain I/O of the same files."""
+    ms = {key: value * 1e3 for key, value in found.items()}
+    print(f"{label}: {found['bytes'] / 1e6:.0f} MB state")
+    print(f"  sync save blocks {ms['sync']:.0f} ms; plain write of the same files {ms['plain write']:.0f} ms: "
+          f"save speed {found['plain write'] / found['sync']:.2f}x the plain write")
+    print(f"  async save blocks {ms['async']:.1f} ms = {found['async'] / found['sync']:.3f} of a sync save; one "
+          f"in-memory copy of the state takes {ms['copy']:.1f} ms (async / copy {found['async'] / found['copy']:.2f})")
+    print(f"  resume adds {ms['resume adds']:.0f} ms to fit; plain read {ms['plain read']:.0f} ms: restore speed "
+          f"{found['plain read'] / found['resume adds']:.2f}x the plain read")
+    print(f"  reading with every checksum checked {ms['read and verify']:.0f} ms, of which checksums "
+          f"{ms['verify only']:.0f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--megabytes", type=float, default=100)
+    parser.add_argument("--saves", type=int, default=6)
+    parser.add_argument("--storage", nargs="+", default=["local", "s3"], choices=["local", "s3"])
+    parser.add_argument("--no-preemption", dest="preemption", action="store_false")
+    args = parser.parse_args()
+    width = width_for(args.megabytes)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, "
+          f"keras {keras.__version__}; state ~{args.megabytes:.0f} MB (4 Dense {width}x{width} + Adam slots)")
+    server = None
     try:
-        with tempfile.TemporaryDirectory() as folder:
-            Location("s3://bench", s3_options).fs.mkdir("bench")
-            for label, location in (("local", Location(f"{folder}/ckpt")), ("s3 (moto)", Location("s3://bench/ckpt",
-                                                                                                   s3_options))):
-                rates = io_rates(location, state, model, optimizer, args.repeats)
-                print(f"{label:>10}: save {rates['save MB/s']:.0f} MB/s vs plain write {rates['plain write MB/s']:.0f}"
-                      f" ({rates['save MB/s'] / rates['plain write MB/s']:.2f}x); restore {rates['restore MB/s']:.0f}"
-                      f" MB/s vs plain read {rates['plain read MB/s']:.0f} "
-                      f"({rates['restore MB/s'] / rates['plain read MB/s']:.2f}x); "
-                      f"peak extra memory of a save: {rates['sync save peak extra / state']:.2f}x the state "
-                      f"(sync), {rates['async save peak extra / state']:.2f}x (async)")
-            for label, root, options in (("local", f"{folder}/blocking", {}),
-                                         ("s3 (moto)", "s3://bench/blocking", s3_options)):
-                found = blocking(root, width, args.steps, options)
-                print(f"{label:>10}: a save blocks the loop {found['sync save blocks s']:.3f} s synchronous, "
-                      f"{found['async save blocks s']:.3f} s async ({found['async / sync blocking']:.1%})")
+        with tempfile.TemporaryDirectory(dir=os.getcwd()) as folder:
+            places = []
+            if "local" in args.storage:
+                places.append(("local", f"{folder}/ckpt", {}))
+            if "s3" in args.storage:
+                server, options = start_s3()
+                places.append(("s3 (moto)", "s3://bench/ckpt", options))
+            for label, url, options in places:
+                found = measure(url, options, width, args.saves)
+                megabytes = found["bytes"] / 1e6
+                report(label, found)
+                if args.preemption:
+                    for model_width, name in ((0, "demo model"), (width, f"{megabytes:.0f} MB state")):
+                        timing = preemption(url, options, model_width)
+                        print(f"  SIGTERM -> committed checkpoint ({name}): {timing['to commit']:.2f} s; -> exit "
+                              f"{timing['to exit']:.2f} s (status {timing['status']})")
     finally:
-        server.terminate()
-        server.wait()
+        if server is not None:
+            server.terminate()
+            server.wait()
 
 
 if __name__ == "__main__":

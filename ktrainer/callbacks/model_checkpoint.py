@@ -22,6 +22,7 @@ from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
 from ktrainer.checkpoint.io import CheckpointInfo
 from ktrainer.checkpoint.retention import Entry, Retention, to_delete
 from ktrainer.checkpoint.snapshot import freeze, to_files
+from ktrainer.checkpoint.variables import read_value
 from ktrainer.errors import check_bool, check_choice, check_int, check_path, check_storage_options
 from ktrainer.fs import Location
 from ktrainer.run import MAX_LINEAGE
@@ -117,6 +118,7 @@ class ModelCheckpoint(Callback):
         self._last_time = time.monotonic()
         self._saves = 0
         self._commit_floor = 0.0
+        self._undeletable: set[str] = set()
         self._trainer: Any = None
         self._module: Any = None
 
@@ -221,9 +223,10 @@ class ModelCheckpoint(Callback):
         new_best = self._note_metric(metrics)
         state = trainer.state_dict()  # after the updates above: the checkpoint's own state knows itself
         if self.async_save:
-            state = freeze(state)  # the copy the loop waits for; the writing happens in the background
+            state = freeze(state, read_value)  # what the loop waits for; the writing happens in the background
         config = _model_config(self._module.model)
-        files = to_files(state, save_id, extra_json={"model_config": config} if config is not None else None)
+        files = to_files(state, save_id, extra_json={"model_config": config} if config is not None else None,
+                         read=read_value)
         progress = state["progress"]
         fields = {"step": step, "epoch": progress["epoch"], "batch_in_epoch": progress["batch_in_epoch"],
                   "metrics": metrics, "monitor": self.monitor, "mode": self.mode, "owner": self.state_key,
@@ -269,13 +272,17 @@ class ModelCheckpoint(Callback):
             return
         entries = [self._entry(info) for info in listed]
         protected = [newest] + ([self.resumed_from] if self.resumed_from else [])
-        for name in to_delete(entries, rules, owner=self.state_key, protected=protected,
-                              lineage=self._trainer.run.lineage if self._trainer else ()):
+        doomed = to_delete(entries, rules, owner=self.state_key, protected=protected,
+                           lineage=self._trainer.run.lineage if self._trainer else ())
+        for name in doomed:
+            if name in self._undeletable:
+                continue  # refused once: asking again at every save would only repeat the warning
             try:
                 self.io.delete(name)
             except Exception as error:  # noqa: BLE001 - e.g. 403 on a write-once bucket: keep training
+                self._undeletable.add(name)
                 warnings.warn(f"Could not delete checkpoint {self.location.url}/{name} (retention): {error!r}. "
-                              "Training goes on; the checkpoint stays.", stacklevel=2)
+                              "Training goes on; the checkpoint stays (not retried in this run).", stacklevel=2)
 
     def _entry(self, info: CheckpointInfo) -> Entry:
         fields = info.fields

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -44,6 +45,18 @@ __all__ = ["FsspecCheckpointIO"]
 log = logging.getLogger("ktrainer")
 
 _MAX_WORKERS = 4
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _workers() -> ThreadPoolExecutor:
+    """The threads that write and read a checkpoint's files in parallel, started once per process (starting
+    threads for every save cost more than writing a small model's checkpoint)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_MAX_WORKERS, thread_name_prefix="ktrainer-io")
+        return _pool
 
 
 class FsspecCheckpointIO:
@@ -81,15 +94,18 @@ class FsspecCheckpointIO:
             CheckpointError: When a write, the commit or the verification fails (with the
                 storage's error as its cause); checkpoints committed before are untouched.
         """
-        directory = self._directory(name)
-        replaced = self._replaced_files(name)
+        directory = f"{self.root}/{name}"
         written: list[str] = []
         try:
+            self._check_target(name)
+            replaced = self._replaced_files(name)
             self.fs.makedirs(directory, exist_ok=True)
             entries = self._write_files(directory, files, written)
             committed = max(time.time(), not_before)
             manifest = encode_manifest({**fields, "committed": committed}, entries)
             self._commit(directory, manifest, str(fields.get("save_id", "save")))
+        except CheckpointError:
+            raise
         except Exception as error:
             self._remove_quietly(directory, written)
             raise CheckpointError(f"Saving checkpoint {self._url(name)} failed: {error!r}. Checkpoints committed "
@@ -100,7 +116,7 @@ class FsspecCheckpointIO:
             on_commit(info)
         return info
 
-    def _directory(self, name: str) -> str:
+    def _check_target(self, name: str) -> None:
         directory = f"{self.root}/{name}"
         if self.location.is_local and os.path.islink(directory):
             raise CheckpointError(f"{self._url(name)} is a symbolic link; ktrainer does not write through it. "
@@ -109,7 +125,6 @@ class FsspecCheckpointIO:
         if self.fs.isfile(directory):
             raise CheckpointError(f"{self._url(name)} is a file, not a checkpoint directory; move it out of the way "
                                   "or choose another dirpath.")
-        return directory
 
     def _replaced_files(self, name: str) -> list[str]:
         """The files of the manifest a save of `name` replaces (refusing to replace a newer format)."""
@@ -133,17 +148,15 @@ class FsspecCheckpointIO:
             written.append(file_name)
             return self._write_file(path, file_name, files[file_name])
 
-        workers = min(_MAX_WORKERS, len(files))
-        with ThreadPoolExecutor(workers, thread_name_prefix="ktrainer-write") as pool:
-            futures = [pool.submit(write_one, file_name) for file_name in files]
-            entries, first_error = [], None
-            for future in futures:
-                try:
-                    entries.append(future.result())
-                except Exception as error:  # noqa: BLE001 - the first failure is raised once all have stopped
-                    first_error = first_error or error
-                    for other in futures:
-                        other.cancel()
+        futures = [_workers().submit(write_one, file_name) for file_name in files]
+        entries, first_error = [], None
+        for future in futures:
+            try:
+                entries.append(future.result())
+            except Exception as error:  # noqa: BLE001 - the first failure is raised once all have stopped
+                first_error = first_error or error
+                for other in futures:
+                    other.cancel()
         if first_error is not None:
             raise first_error
         return entries
@@ -176,12 +189,19 @@ class FsspecCheckpointIO:
             self.fs.pipe_file(target, manifest)  # a single PUT is atomic on object stores
 
     def _verify_written(self, name: str, manifest: bytes) -> CheckpointInfo:
+        """Read back what `verify` asks. A mismatch is an error; storage that cannot answer (the commit itself
+        went through) is a warning: the checkpoint is committed, and resume checks every checksum anyway."""
+        written = CheckpointInfo(self._url(name), True, "", parse_manifest(manifest, name))
         if not self.verify:
-            return CheckpointInfo(self._url(name), True, "", parse_manifest(manifest, name))
+            return written
         info = self._inspect(name, checksums=self.verify_checksums)
-        if not info.valid:
-            raise CheckpointError(f"Checkpoint {info.url} failed verification after saving: {info.reason}.")
-        return info
+        if info.valid:
+            return info
+        if info.reason.startswith("unreadable"):
+            log.warning("Committed checkpoint %s could not be read back to verify it (%s); keeping it. Resume "
+                        "checks every checksum before using it.", written.url, info.reason)
+            return written
+        raise CheckpointError(f"Checkpoint {info.url} failed verification after saving: {info.reason}.")
 
     # ----- read, list, delete -----------------------------------------------------------------
 
@@ -207,8 +227,7 @@ class FsspecCheckpointIO:
             return data
 
         entries = info.manifest.files
-        with ThreadPoolExecutor(min(_MAX_WORKERS, len(entries)), thread_name_prefix="ktrainer-read") as pool:
-            contents = list(pool.map(read_one, entries))
+        contents = list(_workers().map(read_one, entries))
         checked = CheckpointInfo(info.url, True, "", info.manifest, checksums_checked=True, symlink=info.symlink)
         return checked, {entry.name: data for entry, data in zip(entries, contents, strict=True)}
 

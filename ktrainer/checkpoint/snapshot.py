@@ -39,14 +39,22 @@ def is_array(value: Any) -> bool:
     return hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, str | bytes)
 
 
-def freeze(state: Any, read: Callable[[Any], np.ndarray] = np.asarray) -> Any:
-    """A copy of `state` whose arrays are numpy copies in host memory (what a background save needs)."""
+def freeze(state: Any, snapshot: Callable[[Any], np.ndarray] | None = None) -> Any:
+    """A copy of `state` whose arrays no later update can change (what a background save needs).
+
+    Args:
+        state: The state; numpy arrays in it are copied.
+        snapshot: Turns a variable into a host array that later updates leave unchanged
+            (e.g. `variables.read_value`); default: a copy.
+    """
     if isinstance(state, dict):
-        return {key: freeze(value, read) for key, value in state.items()}
+        return {key: freeze(value, snapshot) for key, value in state.items()}
     if isinstance(state, list | tuple):
-        return [freeze(value, read) for value in state]
+        return [freeze(value, snapshot) for value in state]
+    if isinstance(state, np.ndarray | np.generic) or (is_array(state) and snapshot is None):
+        return np.array(state, copy=True)
     if is_array(state):
-        return np.array(read(state), copy=True)
+        return snapshot(state)
     return state
 
 
@@ -74,6 +82,8 @@ def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] 
                                  f"key is {_TENSOR!r}: {sorted(keys)}")
             return {str(k): replace(v, section, f"{path}/{_segment(k)}") for k, v in value.items()}
         if isinstance(value, list | tuple):
+            if all(isinstance(v, int | float | str | bool | None) for v in value):
+                return list(value)  # the common case (a random generator's state): nothing to look into
             return [replace(v, section, f"{path}/{i}") for i, v in enumerate(value)]
         if is_array(value):
             sections.setdefault(section, {})[path] = value

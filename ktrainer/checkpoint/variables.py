@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 __all__ = ["keyed", "read_value", "mismatches", "assign_all"]
@@ -17,8 +18,25 @@ def keyed(variables: Sequence[Any]) -> dict[str, Any]:
 
 
 def read_value(variable: Any) -> np.ndarray:
-    """A variable's current value as a numpy array in host memory."""
-    return np.asarray(variable)
+    """A variable's current value as a read-only host array that later updates of the variable leave unchanged.
+
+    On TensorFlow this is zero-copy: the array views the buffer of a read of the variable, and
+    the runtime copies that buffer on the next write to the variable while the view lives
+    (copy-on-write), so a snapshot costs nothing until the variable changes. Elsewhere a copy.
+    """
+    backing = getattr(variable, "value", variable)
+    read = getattr(backing, "read_value", None)
+    if read is None:
+        return np.array(variable, copy=True)
+    tensor = read()
+    try:
+        return np.from_dlpack(tensor)
+    except (RuntimeError, TypeError, BufferError):  # bfloat16 has no DLPack type: view its bits
+        import tensorflow as tf
+
+        if tensor.dtype == tf.bfloat16:
+            return np.from_dlpack(tf.bitcast(tensor, tf.uint16)).view(ml_dtypes.bfloat16)
+        return np.asarray(tensor)
 
 
 def _structural(key: str) -> str:
@@ -42,4 +60,9 @@ def mismatches(what: str, saved: dict[str, Any], variables: Sequence[Any]) -> li
 def assign_all(saved: dict[str, Any], variables: Sequence[Any]) -> None:
     """Assign the saved arrays to the variables, in order (after `mismatches` found none)."""
     for array, variable in zip(saved.values(), variables, strict=True):
-        variable.assign(array)
+        backing = getattr(variable, "value", None)
+        same_dtype = np.dtype(getattr(variable.dtype, "name", variable.dtype)) == np.asarray(array).dtype
+        if same_dtype and callable(getattr(backing, "assign", None)):
+            backing.assign(array)  # the backend variable itself: half the time of Keras's converting assign
+        else:
+            variable.assign(array)

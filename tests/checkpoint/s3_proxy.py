@@ -75,6 +75,7 @@ class _Rules:
     unavailable: tuple[str | None, str, str] | None = None  # (method or None, key suffix, error code)
     reset_once: str | None = None  # key suffix of the PUT whose connection is reset once
     drop_mid_upload: str | None = None  # key suffix of the PUTs cut off mid-body
+    after_put: tuple[str, tuple[str | None, str, str]] | None = None  # (key suffix, the `unavailable` rule then)
 
 
 class S3Proxy:
@@ -146,6 +147,12 @@ class S3Proxy:
         with self._lock:
             self._rules.drop_mid_upload = suffix
 
+    def unavailable_after_put(self, trigger: str, method: str | None = None, code: str = "ServiceUnavailable") -> None:
+        """Once a PUT whose key ends with `trigger` has gone through, answer 503 to every `method` request (None:
+        every request): storage that goes away right after a commit."""
+        with self._lock:
+            self._rules.after_put = (trigger, (method.upper() if method else None, "", code))
+
     def reset(self, counts: bool = False) -> None:
         """Forward everything unchanged again; with `counts`, also forget the requests recorded."""
         with self._lock:
@@ -189,7 +196,7 @@ class S3Proxy:
         """(outcome, error code) for a request, consuming a once-rule when it applies."""
         with self._lock:
             rules = self._rules
-            is_delete = (method == "DELETE" and key) or (method == "POST" and "delete" in query)
+            is_delete = (method == "DELETE" and bool(key)) or (method == "POST" and "delete" in query)
             if rules.deny_deletes and is_delete:
                 return DENIED, "AccessDenied"
             if rules.unavailable is not None:
@@ -202,6 +209,8 @@ class S3Proxy:
                     return RESET, ""
                 if rules.drop_mid_upload is not None and key.endswith(rules.drop_mid_upload):
                     return DROPPED, ""
+                if rules.after_put is not None and key.endswith(rules.after_put[0]):
+                    rules.unavailable, rules.after_put = rules.after_put[1], None
             return FORWARDED, ""
 
     def _record(self, request: Request) -> None:

@@ -38,3 +38,45 @@ def test_ls_verify_and_export(tmp_path, capsys):
 def test_missing_checkpoint_is_one_line_and_status_2(tmp_path, capsys):
     assert main(["ckpt", "export", str(tmp_path / "nothing" / "step-00000001"), str(tmp_path / "m.keras")]) == 2
     assert "is not a valid checkpoint: no such checkpoint" in capsys.readouterr().err
+
+
+def test_odd_entries_are_reported_invalid_with_the_reason_never_a_traceback(tmp_path, capsys):
+    kt.Trainer(max_steps=8, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False, logger=False,
+               callbacks=[kt.callbacks.ModelCheckpoint(every_n_train_steps=4)]).fit(Classifier())
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / "step-00000001").write_text("a file named like a checkpoint")
+    (checkpoints / "step-00000002").mkdir()
+    (checkpoints / "step-00000002" / "manifest.json").write_text('{"format_version": 2, "ste')
+    (checkpoints / "step-00000003").mkdir()
+    (checkpoints / "step-00000003" / "manifest.json").write_text("[]")
+    (checkpoints / "step-00000005").mkdir()
+    (checkpoints / "step-00000005" / "manifest.json").write_text('{"format_version": 9, "step": 5, "files": []}')
+    (checkpoints / "notes.txt").write_text("not named like a checkpoint: not listed")
+    assert main(["ckpt", "ls", str(tmp_path)]) == 0
+    listed = capsys.readouterr().out
+    assert main(["ckpt", "verify", str(checkpoints)]) == 1
+    verified = capsys.readouterr().out
+    for out in (listed, verified):
+        lines = {line[2:].split()[0]: line for line in out.splitlines() if line[2:].startswith("step-")}
+        assert sorted(lines) == ["step-00000001", "step-00000002", "step-00000003", "step-00000004", "step-00000005",
+                                 "step-00000008"]
+        assert "INVALID: a file named like a checkpoint, not a checkpoint directory" in lines["step-00000001"]
+        assert "INVALID: manifest is not valid JSON" in lines["step-00000002"]
+        assert "INVALID: manifest is a JSON list, not an object" in lines["step-00000003"]
+        assert "INVALID: format_version 9 is newer than this ktrainer reads" in lines["step-00000005"]
+        assert "  valid  " in lines["step-00000004"] and "  valid  " in lines["step-00000008"]
+        assert "Traceback" not in out and "notes.txt" not in out
+
+
+def test_ls_without_checksums_says_complete_not_valid_and_verify_catches_a_bit_flip(tmp_path, capsys):
+    kt.Trainer(max_steps=8, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False,
+               logger=False).fit(Classifier())
+    [shard] = (tmp_path / "checkpoints" / "step-00000008").glob("model-00000.*.tensors")
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert main(["ckpt", "ls", "--no-checksums", str(tmp_path)]) == 0
+    assert "complete (sizes checked)" in capsys.readouterr().out
+    assert main(["ckpt", "ls", str(tmp_path)]) == 0
+    assert f"INVALID: {shard.name} does not match its crc32c checksum" in capsys.readouterr().out
+    assert main(["ckpt", "verify", str(tmp_path)]) == 1
