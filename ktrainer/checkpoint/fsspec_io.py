@@ -96,9 +96,11 @@ class FsspecCheckpointIO:
         """
         directory = f"{self.root}/{name}"
         written: list[str] = []
+        created = False
         try:
             self._check_target(name)
             replaced = self._replaced_files(name)
+            created = self.location.is_local and not os.path.isdir(directory)
             self.fs.makedirs(directory, exist_ok=True)
             entries = self._write_files(directory, files, written)
             committed = max(time.time(), not_before)
@@ -108,6 +110,8 @@ class FsspecCheckpointIO:
             raise
         except Exception as error:
             self._remove_quietly(directory, written)
+            if created:
+                _remove_empty_directory(directory)
             raise CheckpointError(f"Saving checkpoint {self._url(name)} failed: {error!r}. Checkpoints committed "
                                   "before are untouched.") from error
         info = self._verify_written(name, manifest)
@@ -264,10 +268,7 @@ class FsspecCheckpointIO:
         for file_name in ordered:
             self.fs.rm_file(f"{directory}/{file_name}")
         if len(own) == len(entries) and self.location.is_local:
-            try:
-                os.rmdir(directory)
-            except OSError:
-                pass  # something appeared meanwhile: leave it
+            _remove_empty_directory(directory)
 
     # ----- helpers ----------------------------------------------------------------------------
 
@@ -337,6 +338,13 @@ class FsspecCheckpointIO:
 
     def _url(self, name: str) -> str:
         return f"{self.url}/{name}"
+
+
+def _remove_empty_directory(directory: str) -> None:
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass  # not empty (something appeared meanwhile): leave it
 
 
 def _chunks(content: bytes | FileSource) -> Any:

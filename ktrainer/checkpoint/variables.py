@@ -24,10 +24,11 @@ def read_value(variable: Any) -> np.ndarray:
     the runtime copies that buffer on the next write to the variable while the view lives
     (copy-on-write), so a snapshot costs nothing until the variable changes. Elsewhere a copy.
     """
-    backing = getattr(variable, "value", variable)
-    read = getattr(backing, "read_value", None)
+    read = getattr(variable, "read_value", None)  # a TensorFlow variable
     if read is None:
-        return np.array(variable, copy=True)
+        read = getattr(getattr(variable, "value", None), "read_value", None)  # a Keras variable on TensorFlow
+    if read is None:
+        return np.array(np.asarray(variable), copy=True)
     tensor = read()
     try:
         return np.from_dlpack(tensor)

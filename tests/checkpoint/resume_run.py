@@ -95,10 +95,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--async-save", action="store_true")
     parser.add_argument("--report", action="store_true")
     parser.add_argument("--save-and-stop-at-batch", type=int, default=None)
+    parser.add_argument("--no-logger", dest="logger", action="store_false")
     return parser.parse_args(argv)
 
 
-def main(argv: list[str]) -> None:
+def train(argv: list[str]) -> dict:
+    """Run one leg with these arguments; returns the losses, the final weights (bfloat16 as float32), the step,
+    the epoch, the loss scale and the shuffle seed."""
     args = parse(argv)
     losses = Losses(report=args.report)
     callbacks = [losses]
@@ -110,16 +113,22 @@ def main(argv: list[str]) -> None:
     trainer = kt.Trainer(max_steps=args.max_steps, batch_size=32, seed=None if args.seed == "none" else int(args.seed),
                          precision=args.precision, default_root_dir=args.root, callbacks=callbacks,
                          enable_progress_bar=False, log_every_n_steps=1, storage_options=json.loads(args.options),
-                         accumulate_grad_batches=args.accumulate)
+                         accumulate_grad_batches=args.accumulate, logger=args.logger)
     module = Net()
     trainer.fit(module, ckpt_path=None if args.ckpt == "-" else args.ckpt)
-    weights_file = os.path.abspath(f"weights-{os.getpid()}.npz")  # the test runs us in a temporary folder
     arrays = [np.asarray(v) for v in module.model.variables]
-    np.savez(weights_file, *[a.astype(np.float32) if a.dtype.name == "bfloat16" else a for a in arrays])
     scale = float(trainer.optimizer.dynamic_scale.numpy()) if args.precision == "16-mixed" else None
-    print(json.dumps({"losses": losses.losses, "weights": weights_file, "step": trainer.global_step,
-                      "epoch": trainer.current_epoch, "scale": scale,
-                      "shuffle_seed": trainer.progress.shuffle_seed}))
+    return {"losses": losses.losses, "weights": [a.astype(np.float32) if a.dtype.name == "bfloat16" else a
+                                                 for a in arrays],
+            "step": trainer.global_step, "epoch": trainer.current_epoch, "scale": scale,
+            "shuffle_seed": trainer.progress.shuffle_seed}
+
+
+def main(argv: list[str]) -> None:
+    result = train(argv)
+    weights_file = os.path.abspath(f"weights-{os.getpid()}.npz")  # the test runs us in a temporary folder
+    np.savez(weights_file, *result["weights"])
+    print(json.dumps({**result, "weights": weights_file}))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import time
 
 from ktrainer.checkpoint import FsspecCheckpointIO
 from ktrainer.fs import Location
-from tests.checkpoint.test_resume import RUNNER, assert_same_run, leg
+from tests.checkpoint.test_resume import RUNNER, N, assert_same_run, inline, leg
 from tests.helpers import read_scalars
 
 
@@ -51,7 +51,7 @@ class Lines:
         return self.seen
 
 
-def test_sigterm_saves_runs_the_hooks_exits_143_and_resumes_exactly(tmp_path):
+def test_sigterm_saves_runs_the_hooks_exits_143_and_resumes_exactly(tmp_path, straight_32):
     process = subprocess.Popen([sys.executable, str(RUNNER), str(tmp_path / "run"), "5000", "32-true", "-", "{}",
                                 "--report"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = Lines(process)
@@ -70,12 +70,10 @@ def test_sigterm_saves_runs_the_hooks_exits_143_and_resumes_exactly(tmp_path):
     logged = read_scalars(str(tmp_path / "run" / "tensorboard" / version))["train/loss_step"]
     assert logged[-1][0] == stopped_at  # the loggers were flushed and closed before the exit
 
-    total = stopped_at + 4
-    second = leg(tmp_path, tmp_path / "run", total, "32-true", "last")
-    whole = leg(tmp_path, tmp_path / "straight", total, "32-true")
-    first = {"losses": whole["losses"][:stopped_at]}
-    assert [s for s, _ in second["losses"]] == list(range(stopped_at + 1, total + 1))
-    assert_same_run(first, second, whole, stopped_at)
+    whole = straight_32 if stopped_at < N else leg(tmp_path, tmp_path / "straight", stopped_at + 2, "32-true")
+    second = inline(tmp_path / "run", whole["step"], "32-true", "last")
+    assert [s for s, _ in second["losses"]] == list(range(stopped_at + 1, whole["step"] + 1))
+    assert_same_run({"losses": whole["losses"][:stopped_at]}, second, whole)
 
 
 WORKER = textwrap.dedent("""

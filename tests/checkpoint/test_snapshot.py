@@ -237,9 +237,21 @@ def test_freeze_makes_independent_host_copies():
     assert frozen["model"]["w"] is not weights
 
 
-def test_freeze_reads_each_array_through_read():
-    frozen = freeze({"w": np.zeros(2)}, read=lambda value: value + 1)
-    np.testing.assert_array_equal(frozen["w"], np.ones(2))
+class FakeVariable:
+    """Has a shape and a dtype, like a variable, but is no numpy array."""
+
+    shape, dtype = (2,), np.dtype("float32")
+
+    def __array__(self, dtype=None, copy=None):
+        return np.zeros(2, np.float32)
+
+
+def test_freeze_takes_variables_through_snapshot_and_copies_numpy_arrays():
+    weights = np.zeros(2)
+    frozen = freeze({"v": FakeVariable(), "w": weights}, snapshot=lambda value: np.asarray(value) + 1)
+    np.testing.assert_array_equal(frozen["v"], np.ones(2))  # the variable went through snapshot
+    weights[:] = 5
+    np.testing.assert_array_equal(frozen["w"], np.zeros(2))  # the numpy array was copied, not snapshot
 
 
 def test_strings_and_bytes_are_not_arrays():
