@@ -15,7 +15,8 @@ import google_crc32c
 __all__ = ["ALGORITHM", "Checksum"]
 
 ALGORITHM = "crc32c"
-_PIECE = 1 << 20  # google-crc32c takes bytes only: a buffer is fed in pieces that stay in the CPU cache
+_PIECE = 1 << 16  # google-crc32c takes bytes only: a buffer is fed in small pieces, reused from the heap and
+# kept in the CPU cache (1 MiB pieces were mapped fresh each time: 30% slower)
 
 
 class Checksum:

@@ -1,22 +1,24 @@
-"""Preemption in a fresh process: SIGTERM after the first committed checkpoint saves, runs the hooks, exits 143,
-and the run resumes exactly; with two workers, both stop after the same step."""
+"""Preemption: SIGTERM after the first committed checkpoint saves, runs the hooks, exits 143, and the run resumes
+exactly (a fresh process); a signal during validation, during an async save or before the first step.
+Two workers agreeing on the step: tests/strategies/test_multi_worker.py."""
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
+import pytest
+
+import ktrainer as kt
 from ktrainer.checkpoint import FsspecCheckpointIO
 from ktrainer.fs import Location
 from tests.checkpoint.test_resume import RUNNER, N, assert_same_run, inline, leg
-from tests.helpers import read_scalars
+from tests.helpers import Classifier, read_scalars
 
 
 class Lines:
@@ -76,60 +78,68 @@ def test_sigterm_saves_runs_the_hooks_exits_143_and_resumes_exactly(tmp_path, st
     assert_same_run({"losses": whole["losses"][:stopped_at]}, second, whole)
 
 
-WORKER = textwrap.dedent("""
-    import json, os, sys
-    import keras, numpy as np
-    import ktrainer as kt
+class SignalAt(kt.callbacks.Callback):
+    """Sends this process a SIGTERM from a hook, once, the first time `when(trainer)` holds there."""
 
-    class Net(kt.Module):
-        def build(self):
-            return keras.Sequential([keras.layers.Input((4,)), keras.layers.Dense(8, activation="tanh"),
-                                     keras.layers.Dense(1)])
-        def configure_optimizers(self):
-            return keras.optimizers.Adam(0.05)
-        def training_step(self, batch):
-            x, y = batch
-            return keras.ops.mean(keras.ops.square(self.model(x)[:, 0] - y))
-        def train_data(self):
-            rng = np.random.default_rng(0)
-            x = rng.normal(size=(256, 4)).astype("float32")
-            return x, x.sum(axis=1)
+    def __init__(self, hook: str, when=lambda trainer: True) -> None:
+        self.sent = False
+        self.when = when
 
-    class Report(kt.callbacks.Callback):
-        def on_train_batch_end(self, trainer, module, metrics, batch_idx):
-            print(f"worker {index} pid {os.getpid()} step {trainer.global_step}", flush=True)
+        def send(trainer, module, *args):
+            if not self.sent and self.when(trainer):
+                self.sent = True
+                os.kill(os.getpid(), signal.SIGTERM)
 
-    root, out = sys.argv[1], sys.argv[2]
-    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    trainer = kt.Trainer(num_nodes=2, max_steps=100000, batch_size=8, seed=0, default_root_dir=root,
-                         enable_progress_bar=False, logger=False, callbacks=[Report()])
-    try:
-        trainer.fit(Net())
-    except kt.Preempted as stop:
-        with open(os.path.join(out, f"stopped_{index}.json"), "w") as f:
-            json.dump({"step": trainer.global_step, "checkpoint": stop.checkpoint}, f)
-        raise
-""")
+        setattr(self, hook, send)
 
 
-def test_two_workers_agree_to_stop_after_the_same_step_when_one_is_preempted(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    root, out = tmp_path / "run", tmp_path / "out"
-    out.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    process = subprocess.Popen([sys.executable, "-m", "ktrainer.cli.main", "launch", "--nodes", "2", "--",
-                                sys.executable, str(script), str(root), str(out)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env)
-    lines = Lines(process)
-    line = lines.wait_for(lambda line: line.startswith("worker 1 ") and int(line.split()[-1]) >= 3)
-    os.kill(int(line.split()[3]), signal.SIGTERM)  # only the second worker gets the notice
-    lines.rest()
-    stderr = process.stderr.read()
-    assert process.wait(timeout=240) == 143, stderr[-4000:]
-    stopped = [json.loads((out / f"stopped_{i}.json").read_text()) for i in range(2)]
-    assert stopped[0]["step"] == stopped[1]["step"]  # agreed: neither waits for the other in a collective
-    step = stopped[0]["step"]
-    assert stopped[0]["checkpoint"].endswith(f"step-{step:08d}")  # the chief saved where both stopped
-    io = FsspecCheckpointIO(Location(str(root / "checkpoints")))
+class Validations(kt.callbacks.Callback):
+    def __init__(self) -> None:
+        self.at: list[tuple[int, int]] = []
+
+    def on_validation_end(self, trainer, module):
+        self.at.append((trainer.global_step, trainer.progress.batch_in_epoch))
+
+
+def _trainer(root, max_steps, *callbacks, **kwargs):
+    return kt.Trainer(max_steps=max_steps, batch_size=32, default_root_dir=str(root), enable_progress_bar=False,
+                      logger=False, callbacks=list(callbacks), seed=3, **kwargs)
+
+
+def test_a_signal_during_validation_stops_there_and_the_resumed_run_repeats_that_validation(tmp_path):
+    # 8 batches per epoch, validation every 3 batches: the one after batch 3 is interrupted.
+    trainer = _trainer(tmp_path, 8, SignalAt("on_validation_start"), val_check_interval=3)
+    with pytest.raises(kt.Preempted) as stopped:
+        trainer.fit(Classifier())
+    assert stopped.value.code == 143 and trainer.global_step == 3
+    assert stopped.value.checkpoint.endswith("step-00000003")
+    validations = Validations()
+    resumed = _trainer(tmp_path, 8, validations, val_check_interval=3)
+    resumed.fit(Classifier(), ckpt_path="last")
+    assert validations.at == [(3, 3), (6, 6), (8, 8)]  # the interrupted one first, then the schedule goes on
+
+
+def test_a_signal_during_an_async_save_waits_for_it_and_exits_with_it_committed(tmp_path):
+    checkpoint = kt.callbacks.ModelCheckpoint(every_n_train_steps=2, async_save=True)
+    trainer = _trainer(tmp_path, 100, checkpoint, SignalAt("on_train_batch_end", lambda t: checkpoint.io.in_flight))
+    with pytest.raises(kt.Preempted) as stopped:
+        trainer.fit(Classifier())
+    step = trainer.global_step
+    assert stopped.value.checkpoint.endswith(f"step-{step:08d}")
+    io = FsspecCheckpointIO(Location(str(tmp_path / "checkpoints")))
     assert any(info.valid and info.step == step for info in io.list(checksums=True))
+    assert checkpoint.io._executor is None  # the background writer was shut down
+
+
+def test_a_signal_before_the_first_step_exits_without_training(tmp_path):
+    trainer = _trainer(tmp_path, 10, SignalAt("on_fit_start"))
+    with pytest.raises(kt.Preempted) as stopped:
+        trainer.fit(Classifier())
+    assert trainer.global_step == 0 and stopped.value.code == 143
+    assert stopped.value.signal_name == "SIGTERM"
+
+
+def test_signals_are_handed_back_after_fit(tmp_path):
+    previous = signal.getsignal(signal.SIGTERM)
+    _trainer(tmp_path, 1).fit(Classifier())
+    assert signal.getsignal(signal.SIGTERM) is previous

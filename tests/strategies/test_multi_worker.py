@@ -1,14 +1,20 @@
-"""Two worker processes on 127.0.0.1 (ktrainer launch): they train, agree on the weights, and only the chief writes."""
+"""Two worker processes on 127.0.0.1 (ktrainer launch): they train to identical weights, only the chief writes, and
+a preemption notice to one of them stops both after the same step, checkpointed by the chief."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
+
+from ktrainer.checkpoint import FsspecCheckpointIO
+from ktrainer.fs import Location
+from tests.checkpoint.test_preemption import Lines
 
 WORKER = textwrap.dedent("""
     import json, os, sys
@@ -29,37 +35,55 @@ WORKER = textwrap.dedent("""
             x = rng.normal(size=(256, 4)).astype("float32")
             return x, x.sum(axis=1)
 
+    class Report(kt.callbacks.Callback):
+        def on_train_batch_end(self, trainer, module, metrics, batch_idx):
+            print(f"worker {index} pid {os.getpid()} step {trainer.global_step}", flush=True)
+
     root, out = sys.argv[1], sys.argv[2]
-    trainer = kt.Trainer(num_nodes=2, max_steps=12, batch_size=8, seed=0, log_every_n_steps=2,
-                         default_root_dir=root, enable_progress_bar=False)
-    module = Net()
-    trainer.fit(module)
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    np.savez(os.path.join(out, f"weights_{index}.npz"), *module.model.get_weights())
-    with open(os.path.join(out, f"info_{index}.json"), "w") as f:
-        json.dump({"global_batch": trainer.global_batch_size, "chief": trainer.is_global_zero,
-                   "step": trainer.global_step, "loss": trainer.callback_metrics["train/loss_epoch"]}, f)
+    trainer = kt.Trainer(num_nodes=2, max_steps=100000, batch_size=8, seed=0, log_every_n_steps=2,
+                         default_root_dir=root, enable_progress_bar=False, callbacks=[Report()])
+    module = Net()
+    try:
+        trainer.fit(module)
+    except kt.Preempted as stop:
+        np.savez(os.path.join(out, f"weights_{index}.npz"), *module.model.get_weights())
+        with open(os.path.join(out, f"stopped_{index}.json"), "w") as f:
+            json.dump({"step": trainer.global_step, "checkpoint": stop.checkpoint, "chief": trainer.is_global_zero,
+                       "global_batch": trainer.global_batch_size}, f)
+        raise
 """)
 
 
-def test_two_workers_train_to_identical_weights_and_only_the_chief_writes(tmp_path):
+def test_two_workers_train_alike_only_the_chief_writes_and_both_stop_on_one_preemption(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     root, out = tmp_path / "run", tmp_path / "out"
     out.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    done = subprocess.run([sys.executable, "-m", "ktrainer.cli.main", "launch", "--nodes", "2", "--",
-                           sys.executable, str(script), str(root), str(out)],
-                          capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
+    process = subprocess.Popen([sys.executable, "-m", "ktrainer.cli.main", "launch", "--nodes", "2", "--",
+                                sys.executable, str(script), str(root), str(out)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    lines = Lines(process)
+    line = lines.wait_for(lambda line: line.startswith("worker 1 ") and int(line.split()[-1]) >= 6)
+    os.kill(int(line.split()[3]), signal.SIGTERM)  # only the second worker gets the notice
+    lines.rest()
+    stderr = process.stderr.read()
+    assert process.wait(timeout=240) == 143, stderr[-4000:]
+    assert "the workers stopped on a preemption signal (status 143)" in stderr
+
+    stopped = [json.loads((out / f"stopped_{i}.json").read_text()) for i in range(2)]
+    step = stopped[0]["step"]
+    assert stopped[1]["step"] == step  # agreed: neither waits for the other in a collective
+    assert [s["chief"] for s in stopped] == [True, False] and all(s["global_batch"] == 16 for s in stopped)
+    assert all(s["checkpoint"].endswith(f"step-{step:08d}") for s in stopped)  # where the chief saved
     chief, worker = (np.load(out / f"weights_{i}.npz") for i in range(2))
     for name in chief.files:
         np.testing.assert_array_equal(chief[name], worker[name])
-    infos = [json.loads((out / f"info_{i}.json").read_text()) for i in range(2)]
-    assert [i["chief"] for i in infos] == [True, False]
-    assert all(i["global_batch"] == 16 and i["step"] == 12 for i in infos)
+
+    io = FsspecCheckpointIO(Location(str(root / "checkpoints")))
+    assert any(info.valid and info.step == step for info in io.list(checksums=True))
     assert sorted(os.listdir(root)) == ["checkpoints", "tensorboard"]
-    assert os.listdir(root / "checkpoints") == ["step-00000012"]
     assert os.listdir(root / "tensorboard") == ["version_0"]
     events = [f for f in os.listdir(root / "tensorboard" / "version_0") if f.startswith("events.out.tfevents")]
     assert len(events) == 1  # one writer, the chief
