@@ -78,6 +78,13 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def _copy(template: Path, root: Path) -> Path:
+    for name, data in _tree(template).items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A run that committed step-00000004 and step-00000008 (a template copied by each test)."""
@@ -92,10 +99,7 @@ def saved(tmp_path_factory):
 @pytest.mark.parametrize("kind", list(DAMAGE))
 def test_last_falls_back_over_damage_with_a_warning_and_changes_nothing(saved, tmp_path, kind):
     damage, reason = DAMAGE[kind]
-    root = tmp_path / "run"
-    for name, data in _tree(saved).items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(data)
+    root = _copy(saved, tmp_path / "run")
     damage(root / "checkpoints" / "step-00000008")
     before = _tree(root)
     with pytest.warns(UserWarning, match=r"step-00000008 is not valid \(.*" + re.escape(reason)):
@@ -110,10 +114,7 @@ def test_last_falls_back_over_damage_with_a_warning_and_changes_nothing(saved, t
 
 
 def test_a_damaged_checkpoint_named_explicitly_is_an_error_and_nothing_changes(saved, tmp_path):
-    root = tmp_path / "run"
-    for name, data in _tree(saved).items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_bytes(data)
+    root = _copy(saved, tmp_path / "run")
     _flip_a_bit(root / "checkpoints" / "step-00000008")
     before = _tree(root)
     trainer = kt.Trainer(max_steps=9, batch_size=32, default_root_dir=str(root), enable_progress_bar=False,
