@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["unique_keys", "check_keys", "check_global_batch", "check_checkpoint_dirs"]
+__all__ = ["unique_keys", "adopt_class_keys", "check_keys", "check_global_batch", "check_checkpoint_dirs"]
 
 log = logging.getLogger("ktrainer")
 
@@ -24,6 +24,18 @@ def unique_keys(components: Sequence[Any]) -> dict[str, Any]:
     return keyed
 
 
+def adopt_class_keys(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """Saved states keyed by a bare class name (format 1), re-keyed to this run's only component of that class."""
+    adopted = dict(saved)
+    for key in saved:
+        if key in current or "{" in key:
+            continue
+        same_class = [name for name in current if name.split("{", 1)[0].split("#", 1)[0] == key]
+        if len(same_class) == 1 and same_class[0] not in saved:
+            adopted[same_class[0]] = adopted.pop(key)
+    return adopted
+
+
 def check_keys(section: str, saved: dict[str, Any], current: dict[str, Any]) -> None:
     """Warn, naming them, about saved states nobody takes and components that get no saved state.
 
@@ -37,8 +49,8 @@ def check_keys(section: str, saved: dict[str, Any], current: dict[str, Any]) -> 
             parts.append(f"the checkpoint has state for {section} this run does not have (ignored): {orphaned}")
         if fresh:
             parts.append(f"{section} of this run with no state in the checkpoint (they start fresh): {fresh}")
-        warnings.warn("Resuming: " + "; ".join(parts) + ". Give the Trainer the same callbacks (with the same "
-                      "arguments) as the run that saved it to continue them.", UserWarning, stacklevel=3)
+        warnings.warn("Resuming: " + "; ".join(parts) + ". Give the Trainer the same callbacks and loggers (with "
+                      "the same arguments) as the run that saved it to continue them.", UserWarning, stacklevel=3)
 
 
 def check_global_batch(progress: dict[str, Any], saved: int, current: int, allow_change: bool) -> dict[str, Any]:

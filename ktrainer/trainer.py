@@ -19,7 +19,7 @@ from ktrainer.callbacks.lr_monitor import current_learning_rate
 from ktrainer.checkpoint.format import checkpoint_name
 from ktrainer.checkpoint.resume import Resumable, check_ckpt_path, find_checkpoint
 from ktrainer.checkpoint.variables import assign_all, keyed, mismatches
-from ktrainer.components import check_checkpoint_dirs, check_global_batch, check_keys, unique_keys
+from ktrainer.components import adopt_class_keys, check_checkpoint_dirs, check_global_batch, check_keys, unique_keys
 from ktrainer.data import BatchSource, batches_per_epoch
 from ktrainer.errors import (
     check_bool,
@@ -311,18 +311,19 @@ class Trainer:
                                       self.allow_global_batch_change)
         callbacks = unique_keys(self.callbacks)
         loggers = unique_keys(self._writing_loggers())
-        check_keys("callbacks", state.get("callbacks", {}), callbacks)
+        saved = {"callbacks": adopt_class_keys(state.get("callbacks", {}), callbacks),
+                 "loggers": adopt_class_keys(state.get("loggers", {}), loggers)}
+        check_keys("callbacks", saved["callbacks"], callbacks)
         if self.is_global_zero:
-            check_keys("loggers", state.get("loggers", {}), loggers)
+            check_keys("loggers", saved["loggers"], loggers)
         assign_all(state["model"], module.model.variables)
         assign_all(state["optimizer"], self.optimizer.variables)
         self._train_step.load_state_dict(state.get("accumulation", {}))
         self.progress.load_state_dict(progress)
         for section, components in (("callbacks", callbacks), ("loggers", loggers)):
-            saved = state.get(section, {})
             for key, component in components.items():
-                if key in saved:
-                    component.load_state_dict(saved[key])
+                if key in saved[section]:
+                    component.load_state_dict(saved[section][key])
         self.precision.load_state_dict(state.get("precision", {}))
         restore_random_state(state["random"])
         if state["run"]["precision"] != self.precision.name:

@@ -182,3 +182,13 @@ def test_different_directories_are_accepted(dirpaths):
 
 def test_callbacks_without_a_location_are_ignored():
     check_checkpoint_dirs([EarlyStopping(), SimpleNamespace(state_key="x"), ModelCheckpoint()], ".", {})
+
+
+def test_format_1_keys_are_adopted_by_the_only_component_of_their_class():
+    from ktrainer.components import adopt_class_keys
+
+    current = {"EarlyStopping{'monitor': 'val/loss', 'mode': 'min'}": Stateful(), "ModelCheckpoint{...}": Stateful(),
+               "ModelCheckpoint{...}#2": Stateful()}
+    adopted = adopt_class_keys({"EarlyStopping": {"wait": 1}, "ModelCheckpoint": {"x": 1}, "Gone": {"y": 2}}, current)
+    assert adopted == {"EarlyStopping{'monitor': 'val/loss', 'mode': 'min'}": {"wait": 1},
+                       "ModelCheckpoint": {"x": 1}, "Gone": {"y": 2}}  # two ModelCheckpoints: ambiguous, left

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ktrainer.checkpoint.format import MANIFEST
+from ktrainer.checkpoint.format1 import upgrade
 from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
 from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
 from ktrainer.checkpoint.snapshot import from_files
@@ -99,8 +100,8 @@ def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: d
                                   f"({ckpt_path.rstrip('/')}/checkpoints/step-...).")
         info, files = io.read(name)
     try:
-        state, extra = from_files(files)
-    except ValueError as error:
+        state, extra = upgrade(files) if info.manifest.format_version == 1 else from_files(files)
+    except (ValueError, KeyError) as error:
         raise CheckpointError(f"{info.url} cannot be read: {error}.") from None
     return Resumable(info, state, extra, f"{directory.canonical_url}/{info.name}")
 
