@@ -46,6 +46,25 @@ def test_state_round_trip():
     assert (stopper.best, stopper.wait) == (0.5, 1)
 
 
+def test_two_early_stoppings_keep_their_own_state_through_a_checkpoint(tmp_path):
+    def stoppers():
+        return [kt.callbacks.EarlyStopping(monitor="val/loss", mode="min", patience=50),
+                kt.callbacks.EarlyStopping(monitor="val/acc", mode="max", patience=50)]
+
+    first = stoppers()
+    kt.Trainer(max_epochs=2, batch_size=64, default_root_dir=str(tmp_path), enable_progress_bar=False, logger=False,
+               callbacks=first).fit(Classifier())
+    assert {s.state_key for s in first} == {"EarlyStopping{'monitor': 'val/loss', 'mode': 'min'}",
+                                            "EarlyStopping{'monitor': 'val/acc', 'mode': 'max'}"}
+    saved = [s.state_dict() for s in first]
+    assert saved[0]["best"] != saved[1]["best"]
+    second = stoppers()[::-1]  # given in the other order: keys, not positions, match them
+    trainer = kt.Trainer(max_epochs=2, batch_size=64, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                         logger=False, callbacks=second)
+    trainer.fit(Classifier(), ckpt_path="last")  # nothing left to train: only the state is loaded
+    assert [s.state_dict() for s in second[::-1]] == saved
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="mode='up' is not supported. Use one of: 'min', 'max'"):
         kt.callbacks.EarlyStopping(mode="up")
