@@ -76,10 +76,24 @@ class Location:
             return []
         return sorted(os.path.basename(p.rstrip("/")) for p in fs.ls(self.path, detail=False))
 
-    def write_bytes(self, name: str, data: bytes) -> None:
-        """Write a whole file under this location (one PUT on object stores), creating the directory."""
+    def write_bytes(self, name: str, data: bytes, *, atomic: bool = False) -> None:
+        """Write a whole file under this location (one PUT on object stores), creating the directory.
+
+        Args:
+            name: The file name.
+            data: Its bytes.
+            atomic: On a local disk, write a temporary file and rename it over `name`, so a reader
+                never sees half a file (one PUT on object stores is atomic already).
+        """
         self.makedirs()
-        self.fs.pipe_file(f"{self.path.rstrip('/')}/{name}", data)
+        path = f"{self.path.rstrip('/')}/{name}"
+        if atomic and self.is_local:
+            temporary = f"{path}.{os.getpid()}.tmp"
+            with open(temporary, "wb") as handle:
+                handle.write(data)
+            os.replace(temporary, path)
+        else:
+            self.fs.pipe_file(path, data)
 
     def read_bytes(self, name: str) -> bytes:
         """Read a whole file under this location."""

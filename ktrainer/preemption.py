@@ -4,7 +4,9 @@ While `fit` runs, the signals are noted, never acted on inside a step: the loop 
 step it is in, saves a checkpoint, runs the `on_exception` and teardown hooks, flushes and
 closes the loggers, and `fit` raises `Preempted`, a `SystemExit` whose code is 128 + the
 signal's number (143 for SIGTERM), the status schedulers read as "stopped by that signal".
-A second signal of the same kind while stopping takes the default action at once.
+More signals while stopping are noted in the log and otherwise ignored: a job's signal often reaches a
+worker twice (from the scheduler to its process group, and forwarded by a launcher), and the second must
+not cut the save short. SIGKILL stops a process that must stop at once.
 """
 
 from __future__ import annotations
@@ -105,9 +107,8 @@ class SignalWatcher:
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
-            log.warning("%s again while stopping: stopping at once.", signal.Signals(signum).name)
-            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL) or signal.SIG_DFL)
-            signal.raise_signal(signum)
+            log.warning("%s while already stopping: the checkpoint is being saved (SIGKILL stops at once).",
+                        signal.Signals(signum).name)
             return
         self.received = signum
         log.warning("Received %s: finishing the current step, then saving a checkpoint and stopping.",

@@ -73,26 +73,36 @@ class TrainStep:
                                       **local)
 
     def state_dict(self) -> dict[str, Any]:
-        """The gradients accumulated so far in a partial group (empty without accumulation).
+        """The gradients accumulated so far in a partial group (empty without one).
 
         Under several replicas each keeps its own sums; reading gives their total and loading
-        splits it evenly, which the all-replica sum of the update does not notice.
+        splits it evenly, which the all-replica sum of the update does not notice. Across workers
+        that total would need every worker, so multi-worker runs save at group boundaries only.
         """
-        if self.accumulate == 1:
+        if self.accumulate == 1 or int(self._count.numpy()) == 0:  # the count is read locally, no collective
             return {}
+        if self.stop_flag is not None:
+            raise RuntimeError("A checkpoint of a partial accumulation group in a multi-worker run would need every "
+                               "worker's sums; the Trainer ends its executions at group boundaries there, so this "
+                               "is a bug: please report it.")
         return {"count": self._count, "sums": {f"{i:05d}": total for i, total in enumerate(self._sums)}}
 
+    def mismatch(self, state: dict[str, Any]) -> str:
+        """Why a saved partial group does not fit this step ("" when it does, or there is none)."""
+        if not state:
+            return ""
+        sums = list(state["sums"].values())
+        if self.accumulate == 1 or len(sums) != len(self._sums) or int(state["count"]) >= self.accumulate:
+            return (f"The checkpoint holds a partial gradient-accumulation group of {int(state['count'])} batches "
+                    f"over {len(sums)} variables; this run accumulates {self.accumulate} batches over "
+                    f"{len(self._sums)} variables. Resume with the same accumulate_grad_batches (and model).")
+        return ""
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a partial group's accumulated gradients."""
-        if self.accumulate == 1 or not state:
+        """Restore a partial group's accumulated gradients (after `mismatch` found none)."""
+        if not state:
             return
         sums = list(state["sums"].values())
-        if len(sums) != len(self._sums) or int(state["count"]) >= self.accumulate:
-            raise ValueError(
-                f"The checkpoint holds a partial gradient-accumulation group of {len(sums)} variables and "
-                f"{int(state['count'])} batches; this run accumulates {self.accumulate} batches over "
-                f"{len(self._sums)} variables. Resume with the same accumulate_grad_batches."
-            )
         for total, value in zip(self._sums, sums, strict=True):
             total.assign(value)
         self._count.assign(int(state["count"]))

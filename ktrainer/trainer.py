@@ -303,6 +303,9 @@ class Trainer:
         module = self._module
         problems = (mismatches("model", state["model"], module.model.variables)
                     + mismatches("optimizer", state["optimizer"], self.optimizer.variables))
+        accumulation = self._train_step.mismatch(state.get("accumulation", {}))
+        if accumulation:
+            problems.append(accumulation)
         if problems:
             listed = "\n  ".join(problems[:8])
             raise ValueError("The checkpoint does not match this model and optimizer; nothing was loaded. "
@@ -389,9 +392,9 @@ class Trainer:
         self.run = RunIdentity()
         with self._run("fit", module), SignalWatcher(self.preemption_signals) as self._signals:
             resumed = find_checkpoint(ckpt_path, self.checkpoint_dir, self.storage_options) if ckpt_path else None
-            if resumed is not None:
+            if resumed is not None and not self.allow_global_batch_change:  # fail before building anything
                 check_global_batch(resumed.state["progress"], resumed.state["run"]["global_batch_size"],
-                                   self.global_batch_size, self.allow_global_batch_change)
+                                   self.global_batch_size, allow_change=False)
             train = self._source(train_data, module.train_data, "train_data", training=True, required=True)
             val = None
             if self.limit_val_batches != 0:
@@ -592,6 +595,9 @@ class Trainer:
         interval = self._val_interval_batches()
         if interval is not None:
             steps = min(steps, interval - progress.batch_in_epoch % interval)
+        if self._train_step.stop_flag is not None and self.accumulate_grad_batches > 1:
+            # Several workers: end each execution at a group boundary, where a save needs no other worker's sums.
+            steps = min(steps, self.accumulate_grad_batches - progress.batch_in_epoch % self.accumulate_grad_batches)
         return max(steps, 0)
 
     def _check_for_preemption(self, outputs: dict[str, np.ndarray] | None = None) -> None:

@@ -64,6 +64,6 @@ class AsyncCheckpointIO:
         """List through the wrapped store."""
         return self.inner.list(checksums=checksums, names=names)
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, **options: Any) -> None:
         """Delete through the wrapped store."""
-        self.inner.delete(name)
+        self.inner.delete(name, **options)

@@ -6,7 +6,10 @@ Every data file carries the id of the save that wrote it (`model-00000.3f9c0a1b7
 the ones the current manifest lists. The manifest, written last and whole, is the commit point:
 it lists every file with its `name`, `size` and checksum (`crc32c`, 8 hex digits; format 1 used
 `sha256`), and records the step, the run that wrote it, the checkpoint that run resumed from and
-when it was committed. Anything a manifest does not list is not part of the checkpoint.
+when it was committed. The manifest checks itself too: `manifest_crc32c` is the CRC32C of its
+other fields (canonical JSON), so a flipped bit in a commit time or a metric, which would change
+which checkpoint "last" or "best" picks, is caught like one in a file. Anything a manifest does
+not list is not part of the checkpoint.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["FORMAT_VERSION", "READABLE_VERSIONS", "MANIFEST", "ManifestError", "Manifest", "FileEntry",
-           "checkpoint_name", "step_of", "data_file_name", "is_own_file", "run_id_of_file", "parse_manifest",
-           "encode_manifest"]
+           "checkpoint_name", "step_of", "data_file_name", "split_data_file_name", "is_own_file", "run_id_of_file",
+           "parse_manifest", "encode_manifest", "self_checksum", "SELF_CHECKSUM"]
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 MAX_FILE_SIZE = 2**44  # 16 TiB: a declared size above this is not a size a save could have written
+LATEST_COMMIT = 1e11  # seconds since 1970 (the year 5138): a commit time above it is damage, not a clock
+SELF_CHECKSUM = "manifest_crc32c"
 
 _NAME = re.compile(r"step-([0-9]{8,})")
 _SAVE_ID = r"(?P<run>[0-9a-f]{12})-[0-9]{1,9}"
@@ -66,6 +71,15 @@ def step_of(name: str) -> int | None:
 def data_file_name(base: str, save_id: str, extension: str) -> str:
     """The name of a data file of one save, e.g. ("model-00000", "3f9c0a1b7d2e-4", "tensors")."""
     return f"{base}.{save_id}.{extension}"
+
+
+_DATA_FILE = re.compile(r"(?P<base>[a-z_]+(?:-[0-9]{5})?)(?:\.[0-9a-f]{12}-[0-9]{1,9})?\.(?P<extension>tensors|json)")
+
+
+def split_data_file_name(name: str) -> tuple[str, str] | None:
+    """(base, extension) of a data file's name, with or without a save id: ("model-00000", "tensors")."""
+    match = _DATA_FILE.fullmatch(name)
+    return (match.group("base"), match.group("extension")) if match else None
 
 
 def is_own_file(name: str) -> bool:
@@ -132,10 +146,6 @@ class Manifest:
         return sum(entry.size for entry in self.files)
 
 
-def _fail(reason: str, newer: int | None = None) -> ManifestError:
-    return ManifestError(reason, newer)
-
-
 def parse_manifest(data: bytes, directory_name: str | None = None) -> Manifest:
     """Parse and check a manifest; raise ManifestError saying what is wrong.
 
@@ -150,35 +160,39 @@ def parse_manifest(data: bytes, directory_name: str | None = None) -> Manifest:
     try:
         fields = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        raise _fail("manifest is not valid JSON (truncated or corrupt)") from None
+        raise ManifestError("manifest is not valid JSON (truncated or corrupt)") from None
     if not isinstance(fields, dict):
-        raise _fail(f"manifest is a JSON {type(fields).__name__}, not an object")
+        raise ManifestError(f"manifest is a JSON {type(fields).__name__}, not an object")
     version = fields.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool):
-        raise _fail(f"manifest has no integer format_version (found {version!r})")
+        raise ManifestError(f"manifest has no integer format_version (found {version!r})")
     if version not in READABLE_VERSIONS:
         if version > FORMAT_VERSION:
-            raise _fail(f"format_version {version} is newer than this ktrainer reads (up to {FORMAT_VERSION}): "
-                        "written by a newer ktrainer", newer=version)
-        raise _fail(f"unknown format_version {version}")
+            raise ManifestError(f"format_version {version} is newer than this ktrainer reads (up to {FORMAT_VERSION}): "
+                        "written by a newer ktrainer", newer_format=version)
+        raise ManifestError(f"unknown format_version {version}")
     step = fields.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise _fail(f"manifest step {step!r} is not a non-negative integer")
+        raise ManifestError(f"manifest step {step!r} is not a non-negative integer")
     if directory_name is not None and step_of(directory_name) not in (None, step):
-        raise _fail(f"manifest step {step} does not match the directory name {directory_name}")
+        raise ManifestError(f"manifest step {step} does not match the directory name {directory_name}")
     committed = fields.get("committed", fields.get("created", 0.0))
-    if not isinstance(committed, int | float) or isinstance(committed, bool) or not _finite(committed):
-        raise _fail(f"manifest commit time {committed!r} is not a number")
+    if not isinstance(committed, int | float) or isinstance(committed, bool) or not _finite(committed) \
+            or not 0 <= committed < LATEST_COMMIT:
+        raise ManifestError(f"manifest commit time {committed!r} is not a time a save could have written")
+
     files = fields.get("files")
     if not isinstance(files, list) or not files:
-        raise _fail("manifest lists no files")
+        raise ManifestError("manifest lists no files")
     entries, seen = [], set()
     for entry in files:
         parsed = _file_entry(entry)
         if parsed.name in seen:
-            raise _fail(f"manifest lists {parsed.name!r} twice")
+            raise ManifestError(f"manifest lists {parsed.name!r} twice")
         seen.add(parsed.name)
         entries.append(parsed)
+    if version >= 2 and fields.get(SELF_CHECKSUM) != self_checksum(fields):
+        raise ManifestError("manifest does not match its own checksum (corrupt)")
     return Manifest(fields, tuple(entries))
 
 
@@ -191,27 +205,39 @@ def _finite(value: int | float) -> bool:
 
 def _file_entry(entry: Any) -> FileEntry:
     if not isinstance(entry, dict):
-        raise _fail(f"a manifest file entry is a {type(entry).__name__}, not an object")
+        raise ManifestError(f"a manifest file entry is a {type(entry).__name__}, not an object")
     name = entry.get("name")
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
             or name == MANIFEST or name.startswith("."):
-        raise _fail(f"manifest file entry has an unsafe or missing name {name!r}")
+        raise ManifestError(f"manifest file entry has an unsafe or missing name {name!r}")
     size = entry.get("size")
     if not isinstance(size, int) or isinstance(size, bool):
-        raise _fail(f"manifest entry {name} has no integer size (found {size!r})")
+        raise ManifestError(f"manifest entry {name} has no integer size (found {size!r})")
     if not 0 <= size <= MAX_FILE_SIZE:
-        raise _fail(f"manifest entry {name} declares an impossible size {size}")
+        raise ManifestError(f"manifest entry {name} declares an impossible size {size}")
     for algorithm, pattern in _CHECKSUMS.items():
         if algorithm in entry:
             checksum = entry[algorithm]
             if not isinstance(checksum, str) or not pattern.fullmatch(checksum):
-                raise _fail(f"manifest entry {name} has a malformed {algorithm} {checksum!r}")
+                raise ManifestError(f"manifest entry {name} has a malformed {algorithm} {checksum!r}")
             return FileEntry(name, size, algorithm, checksum)
-    raise _fail(f"manifest entry {name} has no checksum (crc32c or sha256)")
+    raise ManifestError(f"manifest entry {name} has no checksum (crc32c or sha256)")
 
 
 def encode_manifest(fields: dict[str, Any], files: list[FileEntry]) -> bytes:
-    """The bytes of a manifest (format `FORMAT_VERSION`) with these fields and files."""
+    """The bytes of a manifest (format `FORMAT_VERSION`) with these fields and files, and its own checksum."""
     listed = [{"name": f.name, "size": f.size, f.algorithm: f.checksum} for f in files]
-    return json.dumps({**fields, "format_version": FORMAT_VERSION, "files": listed}, indent=1,
-                      sort_keys=True).encode()
+    manifest = json.loads(json.dumps({**fields, "format_version": FORMAT_VERSION, "files": listed}))
+    manifest[SELF_CHECKSUM] = self_checksum(manifest)
+    return json.dumps(manifest, indent=1, sort_keys=True).encode()
+
+
+def self_checksum(fields: dict[str, Any]) -> str:
+    """CRC32C of a manifest's fields but `manifest_crc32c`, as canonical JSON (what a parsed manifest re-encodes
+    to), as 8 lowercase hex digits: a tool checks a manifest with `json.dumps(fields without it, sort_keys=True,
+    separators=(",", ":"))`."""
+    import google_crc32c
+
+    canonical = {key: value for key, value in fields.items() if key != SELF_CHECKSUM}
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+    return f"{google_crc32c.value(text.encode()):08x}"

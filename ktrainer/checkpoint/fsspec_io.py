@@ -5,14 +5,17 @@ A save of `step-00001200`:
 1. reads the manifest already there, if any (another run's checkpoint of that name, or an
    abandoned branch), to know its files;
 2. writes every data file of this save under a name carrying the save's id, in parallel, each
-   whole (one PUT on object stores), checksummed as its bytes go out;
+   whole (one PUT on object stores), checksummed as its bytes go out (and, on a local disk,
+   flushed to the disk: `fsync`);
 3. commits: writes `manifest.json` whole and atomically (one PUT on object stores; on a local
-   disk a temporary file renamed over it), listing every file with its size and CRC32C;
+   disk a temporary file, flushed, renamed over it, and the directory flushed);
 4. reads back what `verify` asks, then removes the files of the replaced manifest.
 
 Before step 3 the previous checkpoint of that name, if any, is untouched and valid; after it,
-the new one is. A failed or killed save leaves at worst files no manifest lists, which reading
-and listing ignore.
+the new one is, durably, before anything is deleted. A failed or killed save leaves at worst
+files no manifest lists, which reading and listing ignore. A commit whose outcome is unknown
+(the storage failed to answer) is read back: committed, it stands; otherwise its files stay as
+leftovers, never deleted under a manifest that might list them.
 """
 
 from __future__ import annotations
@@ -59,6 +62,14 @@ def _workers() -> ThreadPoolExecutor:
         return _pool
 
 
+def _forget_pool_after_fork() -> None:
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()  # a forked child has none of the parent's threads
+
+
+os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 class FsspecCheckpointIO:
     """A directory of checkpoints on a local disk, memory://, s3://, gs://, ... (any fsspec URL).
 
@@ -66,15 +77,20 @@ class FsspecCheckpointIO:
         location: The directory that holds the `step-*` checkpoints.
         verify: After each save, read back the manifest and check every file's size.
         verify_checksums: After each save, also read back every file and check its checksum.
+        fsync: On a local disk, flush every file and the directory to the disk before the commit
+            counts (so a power loss or an OS crash cannot leave a committed manifest without its
+            data, nor delete the previous checkpoint first). Object stores are durable on each PUT.
     """
 
-    def __init__(self, location: Location, *, verify: bool = True, verify_checksums: bool = False) -> None:
+    def __init__(self, location: Location, *, verify: bool = True, verify_checksums: bool = False,
+                 fsync: bool = True) -> None:
         self.location = location
         self.fs = location.fs
         self.root = location.path.rstrip("/")
         self.url = location.url.rstrip("/")
         self.verify = verify
         self.verify_checksums = verify_checksums
+        self.fsync = fsync and location.is_local
 
     # ----- write ----------------------------------------------------------------------------
 
@@ -95,6 +111,7 @@ class FsspecCheckpointIO:
                 storage's error as its cause); checkpoints committed before are untouched.
         """
         directory = f"{self.root}/{name}"
+        save_id = str(fields.get("save_id", "save"))
         written: list[str] = []
         created = False
         try:
@@ -105,17 +122,21 @@ class FsspecCheckpointIO:
             entries = self._write_files(directory, files, written)
             committed = max(time.time(), not_before)
             manifest = encode_manifest({**fields, "committed": committed}, entries)
-            self._commit(directory, manifest, str(fields.get("save_id", "save")))
-        except CheckpointError:
-            raise
         except Exception as error:
             self._remove_quietly(directory, written)
             if created:
                 _remove_empty_directory(directory)
-            raise CheckpointError(f"Saving checkpoint {self._url(name)} failed: {error!r}. Checkpoints committed "
-                                  "before are untouched.") from error
+            raise _save_failed(self._url(name), error) from error
+        try:
+            self._commit(directory, manifest, save_id, created)
+        except Exception as error:
+            if not self._committed_anyway(name, save_id):
+                raise _save_failed(self._url(name), error) from error  # its files stay: leftovers, never listed
+            log.warning("The commit of %s reported %r, but its manifest is there: the save stands.",
+                        self._url(name), error)
         info = self._verify_written(name, manifest)
-        self._remove_quietly(directory, [f for f in replaced if f not in {e.name for e in entries}])
+        kept = {entry.name for entry in entries}
+        self._remove_quietly(directory, [f for f in replaced if f not in kept])
         if on_commit is not None:
             on_commit(info)
         return info
@@ -131,7 +152,7 @@ class FsspecCheckpointIO:
                                   "or choose another dirpath.")
 
     def _replaced_files(self, name: str) -> list[str]:
-        """The files of the manifest a save of `name` replaces (refusing to replace a newer format)."""
+        """ktrainer's files of the manifest a save of `name` replaces (refusing to replace a newer format)."""
         try:
             data = self.fs.cat_file(f"{self.root}/{name}/{MANIFEST}")
         except FileNotFoundError:
@@ -144,7 +165,7 @@ class FsspecCheckpointIO:
                                       "by a newer ktrainer; it is not overwritten. Upgrade ktrainer or choose "
                                       "another dirpath.") from None
             return []
-        return [entry.name for entry in manifest.files]
+        return [entry.name for entry in manifest.files if is_own_file(entry.name)]
 
     def _write_files(self, directory: str, files: dict[str, bytes | FileSource], written: list[str]) -> list[FileEntry]:
         def write_one(file_name: str) -> FileEntry:
@@ -174,6 +195,9 @@ class FsspecCheckpointIO:
                     handle.write(chunk)
                     checksum.update(chunk)
                     size += len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
+                if self.fsync:
+                    handle.flush()
+                    os.fsync(handle.fileno())
         else:
             body = content if isinstance(content, bytes) else b"".join(content.chunks())
             checksum.update(body)
@@ -182,15 +206,31 @@ class FsspecCheckpointIO:
             del body
         return FileEntry(file_name, size, ALGORITHM, checksum.hexdigest())
 
-    def _commit(self, directory: str, manifest: bytes, save_id: str) -> None:
+    def _commit(self, directory: str, manifest: bytes, save_id: str, created: bool) -> None:
         target = f"{directory}/{MANIFEST}"
         if self.location.is_local:
             temporary = f"{target}.{save_id}.tmp"
             with open(temporary, "wb") as handle:
                 handle.write(manifest)
+                if self.fsync:
+                    handle.flush()
+                    os.fsync(handle.fileno())
             os.replace(temporary, target)  # atomic: readers see the old manifest or the new one
+            if self.fsync:
+                _fsync_directory(directory)
+                if created:
+                    _fsync_directory(self.root)
         else:
             self.fs.pipe_file(target, manifest)  # a single PUT is atomic on object stores
+
+    def _committed_anyway(self, name: str, save_id: str) -> bool:
+        """After a failed commit: is this save's manifest there all the same (the storage applied the write but
+        its answer was lost)? Unknown counts as no."""
+        try:
+            manifest = parse_manifest(self.fs.cat_file(f"{self.root}/{name}/{MANIFEST}"))
+        except Exception:  # noqa: BLE001 - unreadable: the save is not known to be committed
+            return False
+        return manifest.fields.get("save_id") == save_id
 
     def _verify_written(self, name: str, manifest: bytes) -> CheckpointInfo:
         """Read back what `verify` asks. A mismatch is an error; storage that cannot answer (the commit itself
@@ -201,7 +241,7 @@ class FsspecCheckpointIO:
         info = self._inspect(name, checksums=self.verify_checksums)
         if info.valid:
             return info
-        if info.reason.startswith("unreadable"):
+        if info.storage_error:
             log.warning("Committed checkpoint %s could not be read back to verify it (%s); keeping it. Resume "
                         "checks every checksum before using it.", written.url, info.reason)
             return written
@@ -213,7 +253,7 @@ class FsspecCheckpointIO:
         """Read a checkpoint's files, checking every size and checksum before returning anything.
 
         Raises:
-            CheckpointError: When it is missing, incomplete, corrupt or of a newer format.
+            CheckpointError: When it is missing, incomplete, corrupt, unreadable or of a newer format.
         """
         info = self._inspect(name, checksums=False)
         if not info.valid:
@@ -221,7 +261,10 @@ class FsspecCheckpointIO:
         directory = f"{self.root}/{name}"
 
         def read_one(entry: FileEntry) -> bytes:
-            data = self.fs.cat_file(f"{directory}/{entry.name}")
+            try:
+                data = self.fs.cat_file(f"{directory}/{entry.name}")
+            except OSError as error:
+                raise CheckpointError(f"{info.url}: {entry.name} could not be read: {error!r}.") from error
             if len(data) != entry.size:
                 raise CheckpointError(f"{info.url}: {entry.name} has {len(data)} bytes, the manifest says "
                                       f"{entry.size} (truncated).")
@@ -236,7 +279,11 @@ class FsspecCheckpointIO:
         return checked, {entry.name: data for entry, data in zip(entries, contents, strict=True)}
 
     def list(self, *, checksums: bool = False, names: list[str] | None = None) -> list[CheckpointInfo]:
-        """Every entry named like a checkpoint (or the given names), oldest step first, each valid or why not."""
+        """Every entry named like a checkpoint (or the given names), oldest step first, each valid or why not.
+
+        Raises:
+            OSError: When the directory itself cannot be listed (what the storage raised).
+        """
         if names is None:
             try:
                 listed = self._ls(self.root)
@@ -247,10 +294,17 @@ class FsspecCheckpointIO:
         infos = [self._inspect(n, checksums=checksums) for n in names]
         return sorted(infos, key=lambda info: (info.step, info.committed, info.name))
 
-    def delete(self, name: str) -> None:
-        """Delete a checkpoint (or the leftovers of an interrupted save): manifest first, then ktrainer's files.
+    def delete(self, name: str, *, save_id: str | None = None, run_ids: frozenset[str] | None = None) -> None:
+        """Delete a checkpoint (or the leftovers of an interrupted save): its manifest first, then its files.
 
-        Files that are not ktrainer's stay, and so does the directory then.
+        Only ktrainer's files go: those the manifest lists, and the other ktrainer files of the
+        runs `run_ids` (None: of any run); files of yours stay, and so does the directory then.
+
+        Args:
+            name: The checkpoint's name.
+            save_id: Delete only if the manifest is still this save's (another may have been
+                committed under the name since it was listed): the caller's view of it.
+            run_ids: Whose unlisted files (leftovers of interrupted saves) go too.
 
         Raises:
             CheckpointError: For a symbolic link (never deleted through).
@@ -263,11 +317,22 @@ class FsspecCheckpointIO:
             entries = [p.rstrip("/").rsplit("/", 1)[-1] for p in self._ls(directory)]
         except (FileNotFoundError, NotADirectoryError):
             return
-        own = [n for n in entries if is_own_file(n)]
-        ordered = [n for n in own if n == MANIFEST] + [n for n in own if n != MANIFEST]  # invalidate first
-        for file_name in ordered:
+        listed: set[str] = set()
+        if MANIFEST in entries:
+            try:
+                manifest = parse_manifest(self.fs.cat_file(f"{directory}/{MANIFEST}"))
+            except ManifestError:
+                return  # unreadable or of a newer format: not ours to judge
+            if save_id is not None and manifest.fields.get("save_id") != save_id:
+                return  # committed again since it was listed
+            listed = {entry.name for entry in manifest.files}
+        own = [n for n in entries if is_own_file(n) and n != MANIFEST and (
+            n in listed or run_ids is None or run_id_of_file(n) in run_ids)]
+        if MANIFEST in entries:
+            self.fs.rm_file(f"{directory}/{MANIFEST}")  # invalidate first
+        for file_name in own:
             self.fs.rm_file(f"{directory}/{file_name}")
-        if len(own) == len(entries) and self.location.is_local:
+        if self.location.is_local and len(own) + (MANIFEST in entries) == len(entries):
             _remove_empty_directory(directory)
 
     # ----- helpers ----------------------------------------------------------------------------
@@ -276,25 +341,26 @@ class FsspecCheckpointIO:
         url = self._url(name)
         directory = f"{self.root}/{name}"
         symlink = self.location.is_local and os.path.islink(directory)
-        self.fs.invalidate_cache(directory)
         try:
+            self.fs.invalidate_cache(directory)
             if not self.fs.isdir(directory):
                 exists = self.fs.exists(directory)
                 return CheckpointInfo(url, False, "a file named like a checkpoint, not a checkpoint directory"
                                       if exists else "no such checkpoint")
-            data = self.fs.cat_file(f"{directory}/{MANIFEST}")
-        except FileNotFoundError:
-            return CheckpointInfo(url, False, "no manifest (an interrupted save)", symlink=symlink, has_manifest=False,
-                                  run_ids=self._run_ids(directory))
-        except OSError as error:
-            return CheckpointInfo(url, False, f"unreadable: {error!r}", symlink=symlink)
-        try:
-            manifest = parse_manifest(data, name)
-        except ManifestError as error:
-            return CheckpointInfo(url, False, error.reason, newer_format=error.newer_format, symlink=symlink)
-        reason = self._check_sizes(directory, manifest)
-        if not reason and checksums:
-            reason = self._check_checksums(directory, manifest)
+            try:
+                data = self.fs.cat_file(f"{directory}/{MANIFEST}")
+            except FileNotFoundError:
+                return CheckpointInfo(url, False, "no manifest (an interrupted save)", symlink=symlink,
+                                      has_manifest=False, run_ids=self._run_ids(directory))
+            try:
+                manifest = parse_manifest(data, name)
+            except ManifestError as error:
+                return CheckpointInfo(url, False, error.reason, newer_format=error.newer_format, symlink=symlink)
+            reason = self._check_sizes(directory, manifest)
+            if not reason and checksums:
+                reason = self._check_checksums(directory, manifest)
+        except OSError as error:  # the storage could not answer: say so, never a traceback
+            return CheckpointInfo(url, False, f"unreadable: {error!r}", symlink=symlink, storage_error=True)
         return CheckpointInfo(url, not reason, reason, manifest, checksums_checked=checksums, symlink=symlink)
 
     def _ls(self, path: str, detail: bool = False) -> list:
@@ -324,7 +390,10 @@ class FsspecCheckpointIO:
 
     def _check_checksums(self, directory: str, manifest: Manifest) -> str:
         for entry in manifest.files:
-            data = self.fs.cat_file(f"{directory}/{entry.name}")
+            try:
+                data = self.fs.cat_file(f"{directory}/{entry.name}")
+            except FileNotFoundError:
+                return f"{entry.name} is missing"
             if Checksum.of(data, entry.algorithm) != entry.checksum:
                 return f"{entry.name} does not match its {entry.algorithm} checksum (corrupt)"
         return ""
@@ -338,6 +407,21 @@ class FsspecCheckpointIO:
 
     def _url(self, name: str) -> str:
         return f"{self.url}/{name}"
+
+
+def _save_failed(url: str, error: BaseException) -> CheckpointError:
+    if isinstance(error, CheckpointError):
+        return error
+    return CheckpointError(f"Saving checkpoint {url} failed: {error!r}. Checkpoints committed before are untouched; "
+                           "resume from the newest with ckpt_path='last'.")
+
+
+def _fsync_directory(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _remove_empty_directory(directory: str) -> None:
@@ -355,4 +439,5 @@ def _invalid_message(info: CheckpointInfo) -> str:
     if info.newer_format is not None:
         return (f"{info.url} was written by a newer ktrainer (checkpoint format {info.newer_format}); this ktrainer "
                 f"reads formats up to {FORMAT_VERSION}. Upgrade ktrainer to resume it.")
-    return f"{info.url} is not a valid checkpoint: {info.reason}."
+    return (f"{info.url} is not a valid checkpoint: {info.reason}. Pass another checkpoint, or ckpt_path='last' "
+            "to take the newest valid one; `ktrainer ckpt ls` lists them.")

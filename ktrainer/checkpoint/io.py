@@ -42,6 +42,7 @@ class CheckpointInfo:
         symlink: True when the entry is a symbolic link (read through, never deleted through).
         has_manifest: False for a directory without a manifest (an interrupted save).
         run_ids: For such a directory, the ids of the runs whose saves left files in it.
+        storage_error: True when the storage failed to answer (so validity is unknown).
     """
 
     url: str
@@ -53,6 +54,7 @@ class CheckpointInfo:
     symlink: bool = False
     has_manifest: bool = True
     run_ids: frozenset[str] = frozenset()
+    storage_error: bool = False
 
     @property
     def name(self) -> str:
@@ -93,8 +95,11 @@ class CheckpointIO(Protocol):
     url: str
 
     def write(self, name: str, files: dict[str, bytes | FileSource], fields: dict[str, Any], *,
-              on_commit: OnCommit | None = None) -> CheckpointInfo | None:
+              on_commit: OnCommit | None = None, not_before: float = 0.0) -> CheckpointInfo | None:
         """Write the files, then commit the manifest with `fields`; call `on_commit` once committed.
+
+        The commit time recorded is at least `not_before` (commit order stays monotonic along a
+        branch when clocks step back).
 
         Returns:
             The committed checkpoint (None when the write goes on in the background).
@@ -113,5 +118,5 @@ class CheckpointIO(Protocol):
     def list(self, *, checksums: bool = False, names: list[str] | None = None) -> list[CheckpointInfo]:
         """Every entry named like a checkpoint (or the given names), each valid or with the reason why not."""
 
-    def delete(self, name: str) -> None:
-        """Delete a checkpoint: its manifest first, then only the files ktrainer writes."""
+    def delete(self, name: str, *, save_id: str | None = None, run_ids: frozenset[str] | None = None) -> None:
+        """Delete a checkpoint: its manifest first, then only ktrainer's files (see FsspecCheckpointIO.delete)."""

@@ -34,13 +34,12 @@ class Resumable:
     Attributes:
         info: The checkpoint (checksums checked).
         state: Its state, as `Trainer.state_dict()` returned it (arrays as numpy).
-        extra: Its other JSON files by base name (e.g. "model_config").
-        canonical_url: Its URL, canonical (what manifests record as a run's parent).
+        canonical_url: Its URL, canonical, symbolic links resolved (what manifests record as a
+            run's parent, and retention compares).
     """
 
     info: CheckpointInfo
     state: dict[str, Any]
-    extra: dict[str, Any]
     canonical_url: str
 
 
@@ -74,7 +73,7 @@ def split_checkpoint_url(url: str, storage_options: dict[str, Any]) -> tuple[Loc
     return Location(parent or ".", storage_options), name
 
 
-def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: dict[str, Any]) -> Resumable:
+def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: dict[str, Any]) -> Resumable | None:
     """Resolve and read the checkpoint `ckpt_path` names, every checksum checked.
 
     Args:
@@ -82,13 +81,22 @@ def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: d
         checkpoint_dir: Where "last" and "best" look (the run's checkpoint directory).
         storage_options: fsspec options for a URI.
 
+    Returns:
+        The checkpoint; None for "last" when the directory holds no checkpoint at all (a first
+        run of a script that always resumes: it starts fresh, with a warning).
+
     Raises:
-        CheckpointError: When there is no valid checkpoint, or a specific URI is invalid or of a
-            newer format (nothing is modified).
+        CheckpointError: When no checkpoint there is valid, a newer ktrainer wrote one there, or a
+            specific URI is invalid or of a newer format (nothing is modified).
     """
     if ckpt_path in ALIASES:
         io = FsspecCheckpointIO(checkpoint_dir)
-        info, files = _choose(io, ckpt_path)
+        chosen = _choose(io, ckpt_path)
+        if chosen is None:
+            warnings.warn(f"ckpt_path='last': no checkpoint under {io.url} yet; starting a new run.", UserWarning,
+                          stacklevel=3)
+            return None
+        info, files = chosen
         directory = checkpoint_dir
     else:
         directory, name = split_checkpoint_url(ckpt_path, storage_options)
@@ -100,14 +108,21 @@ def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: d
                                   f"({ckpt_path.rstrip('/')}/checkpoints/step-...).")
         info, files = io.read(name)
     try:
-        state, extra = upgrade(files) if info.manifest.format_version == 1 else from_files(files)
+        state, _ = upgrade(files) if info.manifest.format_version == 1 else from_files(files)
     except (ValueError, KeyError) as error:
         raise CheckpointError(f"{info.url} cannot be read: {error}.") from None
-    return Resumable(info, state, extra, f"{directory.canonical_url}/{info.name}")
+    return Resumable(info, state, directory.join(info.name).canonical_url)
 
 
-def _choose(io: FsspecCheckpointIO, alias: str) -> tuple[CheckpointInfo, dict[str, bytes]]:
+def _choose(io: FsspecCheckpointIO, alias: str) -> tuple[CheckpointInfo, dict[str, bytes]] | None:
     listed = io.list()
+    if not listed and alias == "last":
+        return None
+    newer = [info for info in listed if info.newer_format is not None]
+    if newer:
+        raise CheckpointError(f"ckpt_path={alias!r}: {newer[-1].url} (and {len(newer) - 1} more) was written by a "
+                              f"newer ktrainer (checkpoint format {newer[-1].newer_format}); which checkpoint is the "
+                              "latest cannot be told without it. Upgrade ktrainer, or pass the URI of one checkpoint.")
     candidates = [info for info in listed if info.manifest is not None]
     if alias == "last":
         candidates.sort(key=lambda info: (info.committed, info.step), reverse=True)
@@ -129,10 +144,9 @@ def _choose(io: FsspecCheckpointIO, alias: str) -> tuple[CheckpointInfo, dict[st
             _pass_over(info.url, info.reason)
     if chosen is not None:
         return chosen
-    unreadable = [info for info in listed if info.newer_format is not None]
-    hint = (f" {len(unreadable)} checkpoint(s) there were written by a newer ktrainer: upgrade ktrainer to "
-            "resume them." if unreadable else "")
-    raise CheckpointError(f"ckpt_path={alias!r}: no valid checkpoint under {io.url}.{hint}")
+    raise CheckpointError(f"ckpt_path={alias!r}: no valid checkpoint under {io.url} (the warnings above say why "
+                          "each is not). `ktrainer ckpt ls` lists them; pass one that is valid, or fit without "
+                          "ckpt_path to start over.")
 
 
 def _ranked(candidates: list[CheckpointInfo], io: FsspecCheckpointIO) -> list[CheckpointInfo]:

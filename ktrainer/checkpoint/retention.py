@@ -1,7 +1,9 @@
 """What to keep: pure functions over a listing of checkpoints, tested without any storage.
 
 Only a checkpoint this callback owns may be deleted: committed by a callback of the same
-identity (its `owner`), of a format this ktrainer knows, not reached through a symbolic link.
+identity (its `owner`) in this run or a run it continues (its lineage: never a checkpoint of an
+unrelated run in the same directory), of a format this ktrainer knows, not reached through a
+symbolic link.
 Among those, the newest `max_to_keep` by commit order, the best `save_top_k` by the monitored
 metric, every `keep_every_n_steps`-th step and the protected ones (the newest, the one the run
 resumed from) are kept. The leftovers of interrupted saves (no manifest) are deleted when every
@@ -33,6 +35,7 @@ class Entry:
         symlink: It is reached through a symbolic link.
         metric: The monitored metric its manifest records, if any.
         run_ids: The run ids carried by its files' names.
+        run_id: The run that committed it (None when unknown).
     """
 
     name: str
@@ -45,6 +48,7 @@ class Entry:
     symlink: bool = False
     metric: float | None = None
     run_ids: frozenset[str] = field(default_factory=frozenset)
+    run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,15 +88,16 @@ def to_delete(entries: Iterable[Entry], rules: Retention, *, owner: str, protect
         rules: What to keep.
         owner: The identity of the deleting callback: only its own checkpoints are deleted.
         protected: Names never deleted (the newest save, the checkpoint the run resumed from).
-        lineage: Run ids of this run and the runs it continues: leftovers written only by them
-            are deleted.
+        lineage: Run ids of this run and the runs it continues: only their checkpoints, and
+            leftovers written only by them, are deleted.
 
     Returns:
         Names to delete, in listing order.
     """
     entries = list(entries)
     lineage = set(lineage)
-    owned = [e for e in entries if e.has_manifest and e.known_format and not e.symlink and e.owner == owner]
+    owned = [e for e in entries if e.has_manifest and e.known_format and not e.symlink and e.owner == owner
+             and e.run_id in lineage]
     kept = rules.keep([e for e in owned if e.complete]) | set(protected)
     doomed = {e.name for e in owned if e.name not in kept}
     for entry in entries:

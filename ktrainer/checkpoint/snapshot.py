@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ktrainer.checkpoint.format import data_file_name
+from ktrainer.checkpoint.format import data_file_name, split_data_file_name
 from ktrainer.checkpoint.tensors import TensorFile, nbytes_of, read_tensors
 
 __all__ = ["to_files", "from_files", "freeze", "is_array", "SHARD_BYTES", "STATE_FILE"]
@@ -25,8 +25,6 @@ SHARD_BYTES = 32 * 2**20  # one PUT each; measured faster on S3 than one large P
 STATE_FILE = "trainer"
 _TENSOR = "__tensor__"
 _SECTION = re.compile(r"[a-z_]+", re.ASCII)
-_TENSOR_FILE = re.compile(r"(?P<section>[a-z_]+)-[0-9]{5}\.(?:[0-9a-f]{12}-[0-9]+\.)?tensors")
-_JSON_FILE = re.compile(r"(?P<base>[a-z_]+)\.(?:[0-9a-f]{12}-[0-9]+\.)?json")
 
 
 def _segment(key: Any) -> str:
@@ -120,12 +118,11 @@ def from_files(files: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, Any]]
     tensors: dict[str, dict[str, np.ndarray]] = {}
     documents: dict[str, Any] = {}
     for name in sorted(files):
-        tensor_file = _TENSOR_FILE.fullmatch(name)
-        json_file = _JSON_FILE.fullmatch(name)
-        if tensor_file:
-            tensors.setdefault(tensor_file.group("section"), {}).update(read_tensors(files[name]))
-        elif json_file:
-            documents[json_file.group("base")] = json.loads(files[name])
+        base, extension = split_data_file_name(name) or ("", "")
+        if extension == "tensors" and "-" in base:
+            tensors.setdefault(base.split("-", 1)[0], {}).update(read_tensors(files[name]))
+        elif extension == "json" and "-" not in base:
+            documents[base] = json.loads(files[name])
     if STATE_FILE not in documents:
         raise ValueError(f"the checkpoint has no {STATE_FILE} state file")
 

@@ -30,14 +30,20 @@ def read_value(variable: Any) -> np.ndarray:
     if read is None:
         return np.array(np.asarray(variable), copy=True)
     tensor = read()
+    if "CPU" not in getattr(tensor, "device", "CPU"):
+        return tensor.numpy()  # on an accelerator: one copy to the host is the snapshot
     try:
         return np.from_dlpack(tensor)
-    except (RuntimeError, TypeError, BufferError):  # bfloat16 has no DLPack type: view its bits
+    except (RuntimeError, TypeError, BufferError, ValueError):
+        pass
+    try:
         import tensorflow as tf
 
-        if tensor.dtype == tf.bfloat16:
+        if tensor.dtype == tf.bfloat16:  # no DLPack type for it: view its bits
             return np.from_dlpack(tf.bitcast(tensor, tf.uint16)).view(ml_dtypes.bfloat16)
-        return np.asarray(tensor)
+    except (RuntimeError, TypeError, BufferError, ValueError):
+        pass
+    return tensor.numpy()
 
 
 def _structural(key: str) -> str:

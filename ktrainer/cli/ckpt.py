@@ -33,14 +33,16 @@ def checkpoints_at(url: str, storage_options: dict[str, Any]) -> tuple[FsspecChe
     return FsspecCheckpointIO(location), None
 
 
-def branch_of_last(infos: list[CheckpointInfo]) -> set[str]:
-    """The names on the branch `ckpt_path="last"` follows: the newest commit and its run's earlier checkpoints,
-    then, through each run's parent, the checkpoints of the run it continued, up to where it branched off."""
+def branch_of_last(infos: list[CheckpointInfo], directory: str | None = None) -> set[str]:
+    """The names on the branch `ckpt_path="last"` follows: the newest valid commit and its run's earlier
+    checkpoints, then, through each run's parent (when it is in `directory`, a canonical URL), the checkpoints of
+    the run it continued, up to where it branched off."""
     usable = [info for info in infos if info.manifest is not None]
-    if not usable:
+    valid = [info for info in usable if info.valid]
+    if not valid:
         return set()
     by_name = {info.name: info for info in usable}
-    tip = max(usable, key=lambda info: (info.committed, info.step))
+    tip = max(valid, key=lambda info: (info.committed, info.step))
     branch: set[str] = set()
     visited: set[str] = set()
     while tip is not None and tip.fields.get("run_id") not in visited:
@@ -49,7 +51,9 @@ def branch_of_last(infos: list[CheckpointInfo]) -> set[str]:
         members = [i for i in usable if i.fields.get("run_id") == run and i.committed <= tip.committed]
         branch.update(i.name for i in members)
         parent = tip.fields.get("parent")
-        tip = by_name.get(parent.rsplit("/", 1)[-1]) if isinstance(parent, str) else None
+        if not isinstance(parent, str) or (directory is not None and parent.rpartition("/")[0] != directory):
+            break
+        tip = by_name.get(parent.rpartition("/")[2])
     return branch
 
 
@@ -74,9 +78,9 @@ def add_parser(commands: Any) -> None:
     export.set_defaults(run=run_export)
 
 
-def _select(args: argparse.Namespace, checksums: bool) -> list[CheckpointInfo]:
+def _select(args: argparse.Namespace, checksums: bool) -> tuple[list[CheckpointInfo], str]:
     io, names = checkpoints_at(args.uri, args.storage_options)
-    return io.list(checksums=checksums, names=names)
+    return io.list(checksums=checksums, names=names), io.location.canonical_url
 
 
 def _status(info: CheckpointInfo) -> str:
@@ -99,8 +103,8 @@ def _line(info: CheckpointInfo, on_branch: bool) -> str:
             f"{shown}").rstrip()
 
 
-def _print(infos: list[CheckpointInfo]) -> None:
-    branch = branch_of_last(infos)
+def _print(infos: list[CheckpointInfo], directory: str) -> None:
+    branch = branch_of_last(infos, directory)
     for info in sorted(infos, key=lambda i: (i.committed, i.step)):
         print(_line(info, info.name in branch))
     if branch:
@@ -109,17 +113,17 @@ def _print(infos: list[CheckpointInfo]) -> None:
 
 def run_ls(args: argparse.Namespace) -> int:
     """Print one line per checkpoint (checksums checked unless --no-checksums)."""
-    infos = _select(args, checksums=args.checksums)
+    infos, directory = _select(args, checksums=args.checksums)
     if not infos:
         print(f"No checkpoints at {args.uri}.")
-    _print(infos)
+    _print(infos, directory)
     return 0
 
 
 def run_verify(args: argparse.Namespace) -> int:
     """Check sizes and checksums of every file; exit 1 if any entry is invalid (or there is none)."""
-    infos = _select(args, checksums=True)
-    _print(infos)
+    infos, directory = _select(args, checksums=True)
+    _print(infos, directory)
     if not infos:
         print(f"No checkpoints at {args.uri}.")
         return 1

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 __all__ = ["add_parser", "local_cluster"]
@@ -25,6 +26,28 @@ def local_cluster(nodes: int) -> list[str]:
     workers = [f"127.0.0.1:{_free_port()}" for _ in range(nodes)]
     return [json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
             for index in range(nodes)]
+
+
+def _wait_for_all(processes: list[subprocess.Popen]) -> int:
+    """Wait until every worker exited; the first failure's status. A worker that fails (other than stopping on
+    a preemption signal) leaves the others waiting in a collective forever: they are killed."""
+    preempted = (128 + signal.SIGTERM, 128 + signal.SIGUSR1)
+    status = 0
+    while any(process.poll() is None for process in processes):
+        for process in processes:
+            code = process.poll()
+            if code is None or code == 0 or status:
+                continue
+            status = code
+            if code not in preempted:
+                for other in processes:
+                    if other.poll() is None:
+                        other.kill()
+        time.sleep(0.1)  # a poll interval while workers run
+    for process in processes:
+        if status == 0 and process.returncode:
+            status = process.returncode
+    return status
 
 
 def add_parser(commands: Any) -> None:
@@ -47,10 +70,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("launch needs a command after --, e.g. ktrainer launch --nodes 2 -- ktrainer fit m.py:M")
     if args.nodes < 1:
         raise ValueError(f"--nodes must be >= 1, got {args.nodes}.")
-    processes = [subprocess.Popen(command, env={**os.environ, "TF_CONFIG": config})
-                 for config in local_cluster(args.nodes)]
+    processes: list[subprocess.Popen] = []
 
-    def forward(signum: int, frame: Any) -> None:  # a preemption notice is for every worker
+    def forward(signum: int, frame: Any) -> None:  # a preemption notice is for every worker, once
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signum)
@@ -58,13 +80,12 @@ def run(args: argparse.Namespace) -> int:
     previous = {number: signal.signal(number, forward) for number in (signal.SIGTERM, signal.SIGUSR1)}
     status = 0
     try:
-        for process in processes:
-            code = process.wait()
-            if code != 0 and status == 0:
-                status = code
-                for other in processes:
-                    if other.poll() is None:
-                        other.terminate()
+        for config in local_cluster(args.nodes):
+            # Own sessions: a signal to the launcher's process group reaches the workers through
+            # `forward` only, not twice.
+            processes.append(subprocess.Popen(command, env={**os.environ, "TF_CONFIG": config},
+                                              start_new_session=True))
+        status = _wait_for_all(processes)
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)

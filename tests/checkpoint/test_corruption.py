@@ -42,6 +42,12 @@ def _wrong_checksum(directory: Path) -> None:
     _rewrite_manifest(directory, change)
 
 
+def _flip_commit_time(directory: Path) -> None:
+    data = (directory / "manifest.json").read_bytes()
+    position = data.index(b'"committed": ') + len(b'"committed": ') + 2
+    (directory / "manifest.json").write_bytes(data[:position] + bytes([data[position] ^ 0x01]) + data[position + 1:])
+
+
 def _entry_without_size(directory: Path) -> None:
     _rewrite_manifest(directory, lambda manifest: manifest["files"][1].pop("size"))
 
@@ -60,7 +66,8 @@ def _absurd_size(directory: Path) -> None:
 
 DAMAGE = {
     "bit flip": (_flip_a_bit, "does not match its crc32c checksum"),
-    "wrong checksum": (_wrong_checksum, "does not match its crc32c checksum"),
+    "wrong checksum": (_wrong_checksum, "manifest does not match its own checksum"),
+    "flipped commit time": (_flip_commit_time, "manifest does not match its own checksum"),
     "truncated shard": (_truncate_a_shard, "(truncated)"),
     "manifest is a list": (lambda d: (d / "manifest.json").write_text("[1, 2]"), "manifest is a JSON list"),
     "manifest is null": (lambda d: (d / "manifest.json").write_text("null"), "manifest is a JSON NoneType"),

@@ -9,6 +9,7 @@ import pytest
 from ktrainer.checkpoint.format import (
     FORMAT_VERSION,
     MANIFEST,
+    SELF_CHECKSUM,
     FileEntry,
     ManifestError,
     checkpoint_name,
@@ -17,6 +18,7 @@ from ktrainer.checkpoint.format import (
     is_own_file,
     parse_manifest,
     run_id_of_file,
+    self_checksum,
     step_of,
 )
 
@@ -36,19 +38,24 @@ def good_files() -> list[FileEntry]:
             FileEntry(f"trainer.{SAVE}.json", 12, "crc32c", "ffffffff")]
 
 
+def signed(fields: dict) -> dict:
+    """The manifest with its own checksum recomputed: a change a writer made, not damage."""
+    return {**fields, SELF_CHECKSUM: self_checksum(fields)}
+
+
 def manifest(**changes) -> dict:
-    """A good format-2 manifest as a dict, with `changes` applied (None removes a field)."""
+    """A good format-2 manifest as a dict, with `changes` applied (None removes a field), checksum updated."""
     fields = json.loads(encode_manifest(good_fields(), good_files()))
     for key, value in changes.items():
         if value is None:
             fields.pop(key, None)
         else:
             fields[key] = value
-    return fields
+    return signed(fields)
 
 
 def with_entry(**entry_changes) -> dict:
-    """A good manifest whose first file entry has `entry_changes` (None removes a key)."""
+    """A good manifest whose first file entry has `entry_changes` (None removes a key), checksum updated."""
     fields = manifest()
     entry = fields["files"][0]
     for key, value in entry_changes.items():
@@ -56,7 +63,26 @@ def with_entry(**entry_changes) -> dict:
             entry.pop(key, None)
         else:
             entry[key] = value
-    return fields
+    return signed(fields)
+
+
+def test_the_manifest_checks_itself_so_one_flipped_bit_in_a_field_is_caught():
+    data = encode_manifest(good_fields(), good_files())
+    assert parse_manifest(data).committed == 1_700_000_000.5
+    for old, new in ((b"1700000000.5", b"1700000000.4"), (b'"val/loss": 0.25', b'"val/loss": 0.24'),
+                     (RUN.encode(), RUN[:-1].encode() + b"0")):
+        assert old in data
+        with pytest.raises(ManifestError, match="does not match its own checksum"):
+            parse_manifest(data.replace(old, new))
+    unsigned = manifest()
+    unsigned.pop(SELF_CHECKSUM)
+    assert "does not match its own checksum" in rejected(json.dumps(unsigned).encode()).reason
+
+
+@pytest.mark.parametrize("committed", [1e300, 10**400, -5.0, 2e11])
+def test_an_impossible_commit_time_is_rejected(committed):
+    assert "is not a time a save could have written" in rejected(json.dumps(manifest(committed=committed)).encode(
+    )).reason
 
 
 def rejected(data: bytes | dict, directory_name: str | None = None) -> ManifestError:

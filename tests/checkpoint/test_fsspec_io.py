@@ -156,3 +156,61 @@ def test_the_local_commit_is_a_rename_so_a_reader_never_sees_a_partial_manifest(
     io.write("step-00000001", files(2), fields(1, 2))
     assert [(os.path.basename(a), os.path.basename(b)) for a, b in renames] == [
         (f"{MANIFEST}.{RUN}-2.tmp", MANIFEST)]
+
+
+def test_a_local_commit_is_durable_before_anything_old_is_deleted(tmp_path, monkeypatch):
+    io = FsspecCheckpointIO(Location(str(tmp_path)))
+    io.write("step-00000001", files(1), fields(1, 1))
+    events = []
+    real_fsync, real_replace, real_rm = os.fsync, os.replace, io.fs.rm_file
+
+    def fsync(descriptor):
+        events.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{descriptor}"))))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("rename", os.path.basename(b))),
+                                                     real_replace(a, b)))
+    monkeypatch.setattr(io.fs, "rm_file", lambda path: (events.append(("delete", os.path.basename(path))),
+                                                        real_rm(path)))
+    io.write("step-00000001", files(2), fields(1, 2))  # replaces the first save's checkpoint of that name
+    order = [kind for kind, _ in events]
+    rename = order.index("rename")
+    assert {name for kind, name in events[:rename] if kind == "fsync"} == {*files(2), f"{MANIFEST}.{RUN}-2.tmp"}
+    assert events[rename + 1] == ("fsync", "step-00000001")  # the directory, so the rename itself is on the disk
+    assert order.index("delete") > rename + 1 and {n for k, n in events if k == "delete"} == set(files(1))
+
+
+def test_fsync_can_be_turned_off(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(os, "fsync", calls.append)
+    FsspecCheckpointIO(Location(str(tmp_path)), fsync=False).write("step-00000001", files(1), fields(1, 1))
+    assert calls == []
+
+
+def test_a_commit_whose_answer_was_lost_stands_when_its_manifest_is_there(io, monkeypatch, caplog):
+    real_commit = io._commit
+
+    def commit_then_lose_the_answer(*args):
+        real_commit(*args)
+        raise ConnectionResetError("the answer to the manifest PUT was lost")
+
+    monkeypatch.setattr(io, "_commit", commit_then_lose_the_answer)
+    with caplog.at_level("WARNING", logger="ktrainer"):
+        info = io.write("step-00000003", files(1), fields(3, 1))
+    assert info.valid and "but its manifest is there: the save stands" in caplog.text
+    assert io.read("step-00000003")[1] == files(1)
+
+
+def test_a_commit_that_did_not_happen_fails_and_keeps_its_files_as_leftovers(io, monkeypatch):
+    io.write("step-00000003", files(1), fields(3, 1))
+
+    def refuse(*args):
+        raise ConnectionResetError("no answer")
+
+    monkeypatch.setattr(io, "_commit", refuse)
+    with pytest.raises(CheckpointError, match="step-00000003 failed: ConnectionResetError"):
+        io.write("step-00000003", files(2, model=b"new"), fields(3, 2))
+    assert io.read("step-00000003")[1] == files(1)  # the committed one stands
+    # The new files stay (the commit might have landed unseen): leftovers no manifest lists.
+    assert set(files(2)) <= set(listing(io, "step-00000003"))

@@ -66,7 +66,7 @@ def test_a_dirpath_that_is_an_existing_file(tmp_path):
         ("lst", ValueError, "ckpt_path='lst' is neither 'last' nor 'best' nor an existing path. Did you mean "
                             "ckpt_path='last'"),
         ("Best", ValueError, "Did you mean ckpt_path='best'"),
-        ("last", CheckpointError, r"ckpt_path='last': no valid checkpoint under .*checkpoints"),
+        ("best", CheckpointError, r"ckpt_path='best': no checkpoint under .*checkpoints records a monitored metric"),
     ],
 )
 def test_bad_ckpt_path_fails_before_anything_is_built_or_written(tmp_path, ckpt_path, error, match):
@@ -101,3 +101,21 @@ def test_resuming_with_another_global_batch_is_an_error_unless_allowed(tmp_path)
         "on_train_batch_start": lambda self, t, m, batch_idx: batches.append(batch_idx)})())
     allowed.fit(Classifier(), ckpt_path="last")
     assert batches == [6]  # 3 batches of 32 examples = 96 examples = 6 batches of 16: the same example next
+
+
+def test_last_with_no_checkpoint_yet_starts_a_new_run_with_a_warning(tmp_path):
+    # A script that always passes ckpt_path="last" works on its first launch too, as in Lightning.
+    trainer = kt.Trainer(max_steps=2, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                         logger=False)
+    with pytest.warns(UserWarning, match="ckpt_path='last': no checkpoint under .* yet; starting a new run"):
+        trainer.fit(Classifier(), ckpt_path="last")
+    assert trainer.global_step == 2 and trainer.run.parent is None
+
+
+def test_last_with_only_invalid_checkpoints_is_an_error_that_says_what_to_do(tmp_path):
+    (tmp_path / "checkpoints" / "step-00000004").mkdir(parents=True)  # an interrupted save, nothing else
+    trainer = kt.Trainer(max_steps=2, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                         logger=False)
+    with pytest.warns(UserWarning, match="step-00000004 is not valid"):
+        with pytest.raises(CheckpointError, match="no valid checkpoint under .* `ktrainer ckpt ls` lists them"):
+            trainer.fit(Classifier(), ckpt_path="last")

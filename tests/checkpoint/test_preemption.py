@@ -107,14 +107,17 @@ def _trainer(root, max_steps, *callbacks, **kwargs):
 
 
 def test_a_signal_during_validation_stops_there_and_the_resumed_run_repeats_that_validation(tmp_path):
-    # 8 batches per epoch, validation every 3 batches: the one after batch 3 is interrupted.
-    trainer = _trainer(tmp_path, 8, SignalAt("on_validation_start"), val_check_interval=3)
+    # 8 batches per epoch, validation every 3 batches: the one after batch 3 is interrupted, right after a
+    # checkpoint of that very step (the preemption save differs from it: its validation is pending).
+    step_saves = kt.callbacks.ModelCheckpoint(every_n_train_steps=3)
+    trainer = _trainer(tmp_path, 8, step_saves, SignalAt("on_validation_start"), val_check_interval=3)
     with pytest.raises(kt.Preempted) as stopped:
         trainer.fit(Classifier())
     assert stopped.value.code == 143 and trainer.global_step == 3
     assert stopped.value.checkpoint.endswith("step-00000003")
     validations = Validations()
-    resumed = _trainer(tmp_path, 8, validations, val_check_interval=3)
+    resumed = _trainer(tmp_path, 8, kt.callbacks.ModelCheckpoint(every_n_train_steps=3), validations,
+                       val_check_interval=3)
     resumed.fit(Classifier(), ckpt_path="last")
     assert validations.at == [(3, 3), (6, 6), (8, 8)]  # the interrupted one first, then the schedule goes on
 
@@ -143,3 +146,24 @@ def test_signals_are_handed_back_after_fit(tmp_path):
     previous = signal.getsignal(signal.SIGTERM)
     _trainer(tmp_path, 1).fit(Classifier())
     assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_a_failed_background_save_does_not_stop_the_preemption_save(tmp_path, monkeypatch):
+    from ktrainer.checkpoint import FsspecCheckpointIO as Store
+
+    real_write, calls = Store.write, []
+
+    def fail_the_first(self, name, *args, **kwargs):
+        calls.append(name)
+        if len(calls) == 1:
+            raise kt.checkpoint.CheckpointError(f"Saving checkpoint {name} failed: the disk went away.")
+        return real_write(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "write", fail_the_first)
+    checkpoint = kt.callbacks.ModelCheckpoint(every_n_train_steps=2, async_save=True)
+    signal_after = SignalAt("on_train_batch_end", lambda t: t.global_step == 2)
+    trainer = _trainer(tmp_path, 100, checkpoint, signal_after)
+    with pytest.raises(kt.Preempted) as stopped:
+        trainer.fit(Classifier())
+    assert calls == ["step-00000002", "step-00000002"]  # the failed one did not count as saved: saved again
+    assert stopped.value.code == 143 and stopped.value.checkpoint.endswith("step-00000002")

@@ -5,16 +5,23 @@ from __future__ import annotations
 import pytest
 
 from ktrainer.checkpoint.format import checkpoint_name
-from ktrainer.checkpoint.retention import Entry, Retention, to_delete
+from ktrainer.checkpoint.retention import Entry, Retention
+from ktrainer.checkpoint.retention import to_delete as _to_delete
 
 ME = "ModelCheckpoint{'dirpath': 'runs'}"
 OTHER = "ModelCheckpoint{'dirpath': 'other'}"
 RUN, PARENT, STRANGER = "aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"
 
 
+def to_delete(entries, rules, *, owner, lineage=(RUN,), **kwargs):
+    """Retention as the callback of run RUN applies it (unless another lineage is given)."""
+    return _to_delete(entries, rules, owner=owner, lineage=lineage, **kwargs)
+
+
 def ckpt(step: int, committed: float | None = None, **kwargs) -> Entry:
-    """An owned, complete checkpoint at `step`, committed at `committed` (default: the step)."""
+    """An owned, complete checkpoint at `step` committed by run RUN at `committed` (default: the step)."""
     kwargs.setdefault("owner", ME)
+    kwargs.setdefault("run_id", RUN)
     return Entry(checkpoint_name(step), step, float(step if committed is None else committed), **kwargs)
 
 
@@ -130,7 +137,7 @@ def test_leftovers_not_written_only_by_the_lineage_are_kept(run_ids):
 
 
 def test_leftovers_are_kept_without_a_lineage():
-    assert to_delete([leftover(2, RUN)], Retention(), owner=ME) == []
+    assert to_delete([leftover(2, RUN)], Retention(), owner=ME, lineage=()) == []
 
 
 def test_a_leftover_reached_through_a_symlink_or_protected_is_kept():
@@ -153,3 +160,18 @@ def test_a_nan_metric_does_not_displace_the_best():
     nan = float("nan")
     entries = [ckpt(2, metric=0.5), ckpt(1, metric=nan), ckpt(3, metric=0.1), ckpt(4, metric=0.9)]
     assert checkpoint_name(3) not in to_delete(entries, Retention(max_to_keep=1, save_top_k=1), owner=ME)
+
+
+def test_checkpoints_of_an_unrelated_run_in_the_same_directory_are_never_deleted():
+    # A month-long run kept 998-1000; the script was started again without resuming: a new run.
+    theirs = [ckpt(step, run_id=STRANGER) for step in (998, 999, 1000)]
+    mine = [ckpt(step, 2000.0 + step) for step in (1, 2, 3, 4)]
+    assert to_delete(theirs + mine, Retention(max_to_keep=1), owner=ME) == names(1, 2, 3)
+
+
+def test_checkpoints_of_the_runs_this_one_continues_are_managed_like_its_own():
+    parent = [ckpt(step, run_id=PARENT) for step in (10, 20, 30)]
+    mine = [ckpt(step, 100.0 + step) for step in (21, 22)]
+    deleted = to_delete(parent + mine, Retention(max_to_keep=2), owner=ME, lineage=(PARENT, RUN),
+                        protected=names(20))
+    assert deleted == names(10, 30)  # 20 is the one this run resumed from; 30, the abandoned branch, is older
