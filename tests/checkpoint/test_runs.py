@@ -117,3 +117,13 @@ def test_retention_leaves_checkpoints_of_another_callback_in_the_same_directory(
     assert owners["step-00000020"] != owners["step-00000002"]
     assert sorted(owners) == ["step-00000002", "step-00000006", "step-00000020"]  # 4 and 8 were replaced by
     # the second run's saves of those names, which its own retention then deleted
+
+
+def test_a_fresh_run_in_the_same_directory_never_prunes_an_earlier_runs_checkpoints(tmp_path):
+    earlier, _ = fit(tmp_path, 20, every=2, max_to_keep=3)  # keeps 16, 18, 20
+    fresh, _ = fit(tmp_path, 8, every=2, max_to_keep=2)  # started again without resuming: keeps its own 6, 8
+    io = FsspecCheckpointIO(Location(str(tmp_path / "checkpoints")))
+    runs = {info.name: info.fields["run_id"] for info in io.list() if info.valid}
+    assert runs == {"step-00000006": fresh.run.run_id, "step-00000008": fresh.run.run_id,
+                    "step-00000016": earlier.run.run_id, "step-00000018": earlier.run.run_id,
+                    "step-00000020": earlier.run.run_id}
