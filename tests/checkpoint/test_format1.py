@@ -8,6 +8,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import pytest
 
 import ktrainer as kt
 from ktrainer.checkpoint import FsspecCheckpointIO
@@ -44,6 +45,7 @@ class Losses(kt.callbacks.Callback):
         self.losses.append(metrics["train/loss_step"])
 
 
+@pytest.mark.filterwarnings("ignore:Resuming. the checkpoint has state")  # 0.1.0's ModelCheckpoint, logger: not here
 def test_a_format_1_checkpoint_is_listed_verified_and_resumes_as_the_version_that_wrote_it(tmp_path):
     shutil.copytree(DATA / "step-00000007", tmp_path / "checkpoints" / "step-00000007")
     io = FsspecCheckpointIO(Location(str(tmp_path / "checkpoints")))
