@@ -86,10 +86,11 @@ def test_seed_none_resumes_exactly_with_the_drawn_shuffle_seed(tmp_path):
     assert_same_run({"losses": whole["losses"][:7]}, second, whole)
 
 
-def test_bf16_true_checkpoints_save_and_resume_bit_for_bit(tmp_path):
-    whole = inline(tmp_path / "straight", 8, "bf16-true")
-    first = inline(tmp_path / "run", 6, "bf16-true")
-    second = inline(tmp_path / "run", 8, "bf16-true", "last")
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_16_bit_true_checkpoints_save_and_resume_bit_for_bit(tmp_path, precision):
+    whole = inline(tmp_path / "straight", 8, precision)
+    first = inline(tmp_path / "run", 6, precision)
+    second = inline(tmp_path / "run", 8, precision, "last")
     assert_same_run(first, second, whole, atol=0)
 
 
