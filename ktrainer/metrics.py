@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import keras
 import numpy as np
 
 from ktrainer.module import LogOptions
 from ktrainer.progress import RunningSums
 from ktrainer.step import APPLIED, BATCH_SIZE, SKIPPED, STOP
 
-__all__ = ["EpochMetrics", "metric_names"]
+__all__ = ["EpochMetrics", "metric_names", "metric_object_values", "reset_metric_objects", "hook_values"]
 
 _PRIVATE = (BATCH_SIZE, APPLIED, SKIPPED, STOP)
 
@@ -83,3 +86,50 @@ class EpochMetrics:
                 step_name, epoch_name = metric_names(name, options)
                 shown.add(step_name or epoch_name)
         return shown
+
+
+def metric_object_values(module: Any, stage: str, *, epoch: bool) -> dict[str, float]:
+    """The results of the Keras metric objects `module` logged in `stage`, under their step or epoch names.
+
+    Read in Python, between compiled calls: under a distribution strategy this is the
+    cross-replica result, exact over every replica.
+
+    Raises:
+        ValueError: For a metric whose result is not a scalar.
+    """
+    values = {}
+    for name, metric in module._metric_objects.get(stage, {}).items():
+        step_name, epoch_name = metric_names(name, module._log_options[name])
+        logged = epoch_name if epoch else step_name
+        if logged is None:
+            continue
+        result = np.asarray(keras.ops.convert_to_numpy(metric.result()))
+        if result.size != 1:
+            raise ValueError(
+                f"self.log({name!r}, {type(metric).__name__}(...)): its result has shape {result.shape}; logged "
+                "values must be scalars. Log one entry of it, or a metric that averages it."
+            )
+        values[logged] = float(result.reshape(()))
+    return values
+
+
+def reset_metric_objects(module: Any, stage: str) -> None:
+    """Reset the Keras metric objects `module` logged in `stage` (at the start of an epoch or evaluation)."""
+    for metric in module._metric_objects.get(stage, {}).values():
+        metric.reset_state()
+
+
+def hook_values(logged: dict[str, Any]) -> dict[str, float]:
+    """Values logged from a Python hook (numbers, eager tensors), as floats.
+
+    Raises:
+        ValueError: For a value that is not a scalar.
+    """
+    values = {}
+    for name, value in logged.items():
+        array = np.asarray(keras.ops.convert_to_numpy(value))
+        if array.size != 1:
+            raise ValueError(f"self.log({name!r}, ...) got a value of shape {array.shape}; logged values must be "
+                             "scalars.")
+        values[name] = float(array.reshape(()))
+    return values

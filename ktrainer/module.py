@@ -33,11 +33,19 @@ class Module:
     else is optional. The Trainer calls `build()` inside the right precision policy and
     distribution scope and stores the result as `self.model`.
 
+    Attributes:
+        add_model_losses: Add the model's own losses (`model.losses`: kernel and activity
+            regularizers, `add_loss` terms) to the loss `training_step` (and `validation_step`,
+            `test_step`) returns, as Keras's `fit` and `evaluate` do, logged as `train/reg_loss`.
+            Set it to False in a Module that adds them itself.
+
     Hooks are called in this order by `Trainer.fit`:
     `setup` -> `build` -> `configure_optimizers` -> `train_data` / `val_data` ->
     (`on_train_epoch_start` -> `training_step`... -> `validation_step`... -> `on_train_epoch_end`)
     per epoch -> `teardown`.
     """
+
+    add_model_losses: bool = True
 
     def __init__(self) -> None:
         self.model: keras.Model | None = None
@@ -45,6 +53,7 @@ class Module:
         self.hparams: dict[str, Any] = {}
         self._log_buffer: dict[str, Any] = {}
         self._log_options: dict[str, LogOptions] = {}
+        self._metric_objects: dict[str, dict[str, keras.metrics.Metric]] = {}
         self._stage = "train"
 
     # ----- hooks the user overrides -----------------------------------------------------
@@ -144,6 +153,18 @@ class Module:
     def on_train_epoch_end(self) -> None:
         """Called at the end of each training epoch, after its validation."""
 
+    def on_validation_epoch_start(self) -> None:
+        """Called before each validation run (in fit or `validate`), after the validation metrics were reset."""
+
+    def on_validation_epoch_end(self) -> None:
+        """Called after each validation run; values logged here join its results."""
+
+    def on_test_epoch_start(self) -> None:
+        """Called before the test run, after the test metrics were reset."""
+
+    def on_test_epoch_end(self) -> None:
+        """Called after the test run; values logged here join its results."""
+
     # ----- services the module gets from ktrainer -----------------------------------------
 
     def log(
@@ -155,15 +176,24 @@ class Module:
         on_epoch: bool | None = None,
         prog_bar: bool = False,
     ) -> None:
-        """Log a scalar to every logger and, with `prog_bar=True`, to the progress bar.
+        """Log a scalar, or a Keras metric object, to every logger and, with `prog_bar=True`, to the progress bar.
 
-        Works inside the step hooks, where `value` is a tensor of the compiled function,
-        and in the Python hooks (e.g. `on_train_epoch_end`), where it may be a float.
+        Works inside the step hooks, where `value` is a tensor of the compiled function, and in
+        the Python hooks (`on_train_epoch_end`, `on_validation_epoch_end`, ...), where it may be a
+        number: it is logged at once, at the current step.
+
+        A `keras.metrics.Metric` (e.g. `keras.metrics.AUC()`, created in `build()` so it lives
+        under the distribution strategy), updated by you in the step with `update_state`, is
+        logged as its `result()`: at the end of the epoch (or evaluation), exact over every batch
+        and every replica, and with `on_step` its running result at the log steps (with
+        `steps_per_execution > 1`, at the end of each execution). The Trainer resets it at the
+        start of each training epoch, validation run and test run; a checkpoint keeps a training
+        metric's state, so a resumed epoch's result stays exact.
 
         Args:
             name: The metric name, e.g. "train/acc". Logged as `name` when only one of
                 `on_step`/`on_epoch` is on, as `name_step` and `name_epoch` when both are.
-            value: A scalar (tensor or number).
+            value: A scalar (tensor or number), or a `keras.metrics.Metric`.
             on_step: Log each step's value. Default: True in `training_step`, else False.
             on_epoch: Log the epoch mean. Default: False in `training_step`, else True.
             prog_bar: Show it in the progress bar.
@@ -185,6 +215,9 @@ class Module:
                 "would go nowhere. Set at least one of them to True."
             )
         self._log_options[name] = options
+        if isinstance(value, keras.metrics.Metric):
+            self._metric_objects.setdefault(self._stage, {})[name] = value
+            return
         self._log_buffer[name] = value
 
     def save_hyperparameters(self, *names: str) -> None:

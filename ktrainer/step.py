@@ -162,6 +162,22 @@ def check_loss(loss: Any, hook: str) -> tf.Tensor:
     return tensor
 
 
+def with_model_losses(module: Any, loss: tf.Tensor, prefix: str) -> tf.Tensor:
+    """`loss` plus the model's own losses (kernel and activity regularizers, `add_loss` terms), as Keras's `fit`
+    and `evaluate` add them; their sum, in float32, is logged as `{prefix}/reg_loss`.
+
+    Nothing is added when the model has none or `module.add_model_losses` is False.
+    """
+    model = module.model
+    if not getattr(module, "add_model_losses", True) or model is None or not model.losses:
+        return loss
+    terms = [tf.reduce_sum(tf.cast(term, tf.float32)) for term in model.losses]
+    total = tf.add_n(terms)
+    both = prefix == "train"
+    module.log(f"{prefix}/reg_loss", total, on_step=both or None, on_epoch=both or None)
+    return loss + tf.cast(total, loss.dtype)
+
+
 class EvalStep:
     """The evaluation step of one batch: `validation_step` or `test_step`, no gradients.
 
@@ -182,7 +198,8 @@ class EvalStep:
         self.module._take_logged()
         returned = getattr(self.module, self.hook)(batch)
         if returned is not None:
-            self.module.log(f"{self.prefix}/loss", check_loss(returned, self.hook))
+            loss = with_model_losses(self.module, check_loss(returned, self.hook), self.prefix)
+            self.module.log(f"{self.prefix}/loss", loss)
         logs = scalar_logs(self.module._take_logged(), self.hook)
         return {**logs, BATCH_SIZE: batch_size_of(batch)}
 

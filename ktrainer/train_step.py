@@ -14,7 +14,17 @@ from typing import Any
 import tensorflow as tf
 
 from ktrainer.module import LogOptions
-from ktrainer.step import APPLIED, BATCH_SIZE, LOSS_SCALE, SKIPPED, STOP, batch_size_of, check_loss, scalar_logs
+from ktrainer.step import (
+    APPLIED,
+    BATCH_SIZE,
+    LOSS_SCALE,
+    SKIPPED,
+    STOP,
+    batch_size_of,
+    check_loss,
+    scalar_logs,
+    with_model_losses,
+)
 
 __all__ = ["TrainStep"]
 
@@ -168,7 +178,7 @@ class TrainStep:
     def _loss_and_logs(self, batch: Any) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         self.module._stage = "train"
         self.module._take_logged()
-        loss = check_loss(self.module.training_step(batch), "training_step")
+        loss = with_model_losses(self.module, check_loss(self.module.training_step(batch), "training_step"), "train")
         self.module.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss, scalar_logs(self.module._take_logged(), "training_step")
 

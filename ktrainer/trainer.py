@@ -31,8 +31,9 @@ from ktrainer.errors import (
     check_storage_options,
 )
 from ktrainer.fs import Location
+from ktrainer.history import History
 from ktrainer.loggers import Logger
-from ktrainer.metrics import EpochMetrics
+from ktrainer.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
 from ktrainer.module import Module
 from ktrainer.precision import LayerPrecision, resolve_precision
 from ktrainer.precision.advice import hardware_advice
@@ -213,6 +214,9 @@ class Trainer:
         self.state = TrainerState()
         self._train_step: TrainStep | None = None
         self._signals = SignalWatcher(())
+        self.history = History()
+        self.shuffle = True
+        self._epoch_record: dict[str, float] = {}
 
     # ----- public API -----------------------------------------------------------------
 
@@ -284,9 +288,11 @@ class Trainer:
             "callbacks": {key: cb.state_dict() for key, cb in unique_keys(self.callbacks).items()},
             "loggers": {key: lg.state_dict() for key, lg in unique_keys(self._writing_loggers()).items()},
             "precision": self.precision.state_dict(),
+            "metrics": {name: list(metric.variables)
+                        for name, metric in module._metric_objects.get("train", {}).items()},
             "run": {"run_id": self.run.run_id, "lineage": list(self.run.lineage), "parent": self.run.parent,
                     "global_batch_size": self.global_batch_size, "precision": self.precision.name,
-                    "hparams": _jsonable(module.hparams)},
+                    "hparams": _jsonable(module.hparams), "shuffle": self.shuffle},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -328,6 +334,11 @@ class Trainer:
                 if key in saved[section]:
                     component.load_state_dict(saved[section][key])
         self.precision.load_state_dict(state.get("precision", {}))
+        for name, metric in module._metric_objects.get("train", {}).items():
+            saved_metric = state.get("metrics", {}).get(name)
+            if saved_metric is not None and len(saved_metric) == len(metric.variables):
+                for variable, value in zip(metric.variables, saved_metric, strict=True):
+                    variable.assign(value)
         restore_random_state(state["random"])
         if state["run"]["precision"] != self.precision.name:
             log.warning("Resuming a %s checkpoint under precision=%r.", state["run"]["precision"], self.precision.name)
@@ -369,7 +380,7 @@ class Trainer:
         return precision_report(module.model)
 
     def fit(self, module: Module, train_data: Any = None, val_data: Any = None,
-            ckpt_path: str | os.PathLike | None = None) -> None:
+            ckpt_path: str | os.PathLike | None = None, shuffle: bool | None = None) -> History:
         """Train `module`: build it, then run epochs of training (and validation) until a limit.
 
         Args:
@@ -379,6 +390,11 @@ class Trainer:
             ckpt_path: Resume from "last" (the most recently committed checkpoint under the run's
                 checkpoint directory), "best" (by the monitor its manifests record), or a
                 checkpoint's path or URI: the run continues as if it had never stopped.
+            shuffle: Shuffle numpy training data each epoch (Keras's name). None: True, or what
+                the checkpoint resumed from was trained with (a checkpoint keeps it).
+
+        Returns:
+            A `History` of this call's epochs (`history.history["val/loss"]`, ...).
 
         Raises:
             TypeError: If the module lacks a required hook.
@@ -389,12 +405,16 @@ class Trainer:
         """
         check_module_hooks(module, Module, ("build", "configure_optimizers", "training_step"))
         ckpt_path = check_ckpt_path(ckpt_path)
+        if shuffle is not None:
+            check_bool("shuffle", shuffle)
         self.run = RunIdentity()
+        self.history = History()
         with self._run("fit", module), SignalWatcher(self.preemption_signals) as self._signals:
             resumed = find_checkpoint(ckpt_path, self.checkpoint_dir, self.storage_options) if ckpt_path else None
             if resumed is not None and not self.allow_global_batch_change:  # fail before building anything
                 check_global_batch(resumed.state["progress"], resumed.state["run"]["global_batch_size"],
                                    self.global_batch_size, allow_change=False)
+            self.shuffle = _shuffle_setting(shuffle, resumed)
             train = self._source(train_data, module.train_data, "train_data", training=True, required=True)
             val = None
             if self.limit_val_batches != 0:
@@ -424,7 +444,20 @@ class Trainer:
                     self._train_epoch(module, train, train_step, train_runner, val, val_runner)
             except _PreemptionRequested as request:
                 self._stop_for_preemption(request.signum)
+            self._call("on_train_end", module)
+            self._finalize_ema()
             self._call("on_fit_end", module)
+        return self.history
+
+    def _finalize_ema(self) -> None:
+        """Put the moving averages into the weights, as Keras's fit does for an optimizer with `use_ema=True`.
+
+        After `on_train_end`, where the last checkpoint (raw weights and averages both, for an exact
+        resume) is saved; `on_fit_end` hooks and the caller see the averaged weights.
+        """
+        inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
+        if getattr(inner, "use_ema", False):
+            inner.finalize_variable_values(self._module.model.trainable_variables)
 
     def _resume(self, resumed: Resumable) -> None:
         """Load a checkpoint into the built run (all or nothing) and note where the run continues from."""
@@ -507,9 +540,14 @@ class Trainer:
         progress = self.progress
         self.state.at_epoch_end = self.state.validated_this_epoch = False
         self.state.first_batch_of_epoch = progress.batch_in_epoch
+        if progress.batch_in_epoch == 0:
+            reset_metric_objects(module, "train")  # resumed mid-epoch, they hold the checkpoint's state
         progress.start_epoch()
+        self._epoch_record = {}
+        module._stage = "train"
         module.on_train_epoch_start()
         self._call("on_train_epoch_start", module)
+        self._log_hook_values(module)
         metrics = EpochMetrics(module._log_options, progress.epoch_sums)
         if progress.pending_validation and val is not None:
             self._validate_in_fit(module, val, val_runner)
@@ -537,6 +575,7 @@ class Trainer:
             steps_after = progress.global_step + np.cumsum(stepped)
             skips_after = progress.skipped_steps + np.cumsum(outputs[SKIPPED].astype(np.int64))
             log_at = np.flatnonzero(stepped & (steps_after % self.log_every_n_steps == 0))
+            running = metric_object_values(module, "train", epoch=False)  # their result after this execution
             for index in log_at:
                 progress.global_step = int(steps_after[index])
                 now = time.monotonic()
@@ -544,7 +583,7 @@ class Trainer:
                                    self.global_batch_size * self.accumulate_grad_batches)
                 if self.precision.loss_scaling:
                     extra[SKIPPED_STEPS] = int(skips_after[index])
-                self.log_metrics({**metrics.step_metrics(outputs, index), **extra})
+                self.log_metrics({**metrics.step_metrics(outputs, index), **running, **extra})
                 last_log_time, last_log_step = now, progress.global_step
             self.state.logged_step_in_last_execution = len(log_at) > 0
             progress.global_step = int(steps_after[-1])
@@ -552,7 +591,7 @@ class Trainer:
             progress.batch_in_epoch += ran
             scale = outputs.get(LOSS_SCALE)
             self.precision.watch(outputs[SKIPPED][stepped], None if scale is None else float(scale[-1]))
-            step_metrics = metrics.step_metrics(outputs, ran - 1)
+            step_metrics = {**metrics.step_metrics(outputs, ran - 1), **running}
             self._remember(step_metrics, metrics)
             self._call("on_train_batch_end", module, step_metrics, progress.batch_in_epoch - 1)
             self._check_for_preemption(outputs)
@@ -572,12 +611,17 @@ class Trainer:
         self.state.at_epoch_end = True
         if val is not None and self._val_due_at_epoch_end():
             self._validate_in_fit(module, val, val_runner)
-        epoch_values = metrics.epoch_metrics()
+        epoch_values = {**metrics.epoch_metrics(), **metric_object_values(module, "train", epoch=True)}
         self.log_metrics(epoch_values)
         self._remember(epoch_values, metrics)
+        self._epoch_record.update(epoch_values)
         progress.epoch_done = epoch_ended
+        module._stage = "train"
         module.on_train_epoch_end()
         self._call("on_train_epoch_end", module)
+        self._log_hook_values(module)
+        if epoch_ended:
+            self.history.record(progress.epoch, self._epoch_record)
         for each in self._writing_loggers():
             each.flush()
         train.end_epoch()
@@ -649,9 +693,11 @@ class Trainer:
         (at an epoch end, the whole epoch end is repeated: the epoch is not marked done until it ran)."""
         self.progress.pending_validation = not self.state.at_epoch_end
         self._call("on_validation_start", module)
-        metrics = self._run_eval(module, val, runner, self._val_batches, preemptible=True)
+        metrics = self._run_eval(module, val, runner, self._val_batches, "val", preemptible=True)
         self.progress.pending_validation = False
         self.log_metrics(metrics)
+        if self.state.at_epoch_end:
+            self._epoch_record.update(metrics)
         self.state.validated_this_epoch = self.state.at_epoch_end
         self._call("on_validation_end", module)
 
@@ -665,7 +711,7 @@ class Trainer:
             limit = self.limit_val_batches if prefix == "val" else None
             runner = self._eval_runner(module, source, hook, prefix)
             self._call(f"on_{kind}_start", module)
-            metrics = self._run_eval(module, source, runner, batches_per_epoch(source, limit))
+            metrics = self._run_eval(module, source, runner, batches_per_epoch(source, limit), prefix)
             self.log_metrics(metrics)
             self._call(f"on_{kind}_end", module)
         return metrics
@@ -676,7 +722,13 @@ class Trainer:
         return CompiledSteps(step, self.strategy, keys)
 
     def _run_eval(self, module: Module, source: BatchSource, runner: CompiledSteps,
-                  num_batches: int | None, *, preemptible: bool = False) -> dict[str, float]:
+                  num_batches: int | None, stage: str, *, preemptible: bool = False) -> dict[str, float]:
+        """One evaluation run: reset its metric objects, the epoch hooks around the batches, exact results."""
+        kind = "validation" if stage == "val" else "test"
+        reset_metric_objects(module, stage)
+        module._stage = stage
+        getattr(module, f"on_{kind}_epoch_start")()
+        self._call(f"on_{kind}_epoch_start", module)
         metrics = EpochMetrics(module._log_options)
         iterator = iter(self.strategy.experimental_distribute_dataset(source.epoch(0)))
         while num_batches is None or metrics.steps < num_batches:
@@ -690,9 +742,21 @@ class Trainer:
                 metrics.add(outputs)
             if len(next(iter(outputs.values()))) < wanted:
                 break
-        results = metrics.epoch_metrics()
+        results = {**metrics.epoch_metrics(), **metric_object_values(module, stage, epoch=True)}
+        module._stage = stage
+        getattr(module, f"on_{kind}_epoch_end")()
+        self._call(f"on_{kind}_epoch_end", module)
+        results.update(hook_values(module._take_logged()))
         self._remember(results, metrics)
         return results
+
+    def _log_hook_values(self, module: Module) -> None:
+        """Log what the module logged from a Python hook (numbers), at once, at the current step."""
+        values = hook_values(module._take_logged())
+        if values:
+            self.log_metrics(values)
+            self.callback_metrics.update(values)
+            self._epoch_record.update(values)
 
     # ----- set-up and tear-down ---------------------------------------------------------
 
@@ -777,7 +841,7 @@ class Trainer:
                     f"or return it from the module's {what.split()[0]}() hook."
                 )
             return None
-        source = BatchSource(data, self.global_batch_size, shuffle=training, what=what,
+        source = BatchSource(data, self.global_batch_size, shuffle=training and self.shuffle, what=what,
                              drop_remainder=training and self.strategy.num_replicas_in_sync > 1)
         if training and source.is_infinite and not isinstance(self.limit_train_batches, int):
             raise ValueError(
@@ -827,6 +891,17 @@ class _PreemptionRequested(Exception):  # noqa: N818 - a signal to unwind the lo
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+
+
+def _shuffle_setting(given: bool | None, resumed: Resumable | None) -> bool:
+    """`fit(shuffle=...)`: as given; else as the checkpoint resumed from was trained; else True."""
+    saved = resumed.state["run"].get("shuffle") if resumed is not None else None
+    if given is not None and saved is not None and given != saved:
+        log.warning("Resuming a run trained with shuffle=%s under shuffle=%s: the data order differs from the "
+                    "interrupted run's.", saved, given)
+    if given is not None:
+        return given
+    return True if saved is None else bool(saved)
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:

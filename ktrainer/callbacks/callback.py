@@ -12,8 +12,9 @@ class Callback:
 
     Order within `Trainer.fit`:
         setup -> on_fit_start -> (on_train_epoch_start -> (on_train_batch_start ->
-        on_train_batch_end)* -> [on_validation_start -> on_validation_end] ->
-        on_train_epoch_end)* -> on_fit_end -> teardown.
+        on_train_batch_end)* -> [on_validation_start -> on_validation_epoch_start ->
+        on_validation_epoch_end -> on_validation_end] -> on_train_epoch_end)* -> on_train_end ->
+        on_fit_end -> teardown. (docs/guide.md shows it with the Module's hooks.)
     On an error anywhere in between: on_exception, then teardown; the error then reaches the
     caller unchanged. `validate`/`test` call on_validation_*/on_test_*, `predict` calls
     on_predict_*, each between setup and teardown.
@@ -53,17 +54,33 @@ class Callback:
     def on_validation_start(self, trainer: Any, module: Any) -> None:
         """Called before a validation loop (within fit, or by `validate`)."""
 
+    def on_validation_epoch_start(self, trainer: Any, module: Any) -> None:
+        """Called right before the validation batches, after the module's validation metrics were reset."""
+
+    def on_validation_epoch_end(self, trainer: Any, module: Any) -> None:
+        """Called right after the validation batches, after the module's `on_validation_epoch_end`."""
+
     def on_validation_end(self, trainer: Any, module: Any) -> None:
         """Called after a validation loop; `trainer.callback_metrics` holds its results."""
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         """Called at the end of each training epoch, after its validation."""
 
+    def on_train_end(self, trainer: Any, module: Any) -> None:
+        """Called when the training loop ends normally, before an optimizer's moving averages (`use_ema`)
+        replace the weights: the raw state, which a resume continues from."""
+
     def on_fit_end(self, trainer: Any, module: Any) -> None:
-        """Called when fit ends normally."""
+        """Called when fit ends normally, last (the weights are the final ones, averaged under `use_ema`)."""
 
     def on_test_start(self, trainer: Any, module: Any) -> None:
         """Called before the test loop."""
+
+    def on_test_epoch_start(self, trainer: Any, module: Any) -> None:
+        """Called right before the test batches, after the module's test metrics were reset."""
+
+    def on_test_epoch_end(self, trainer: Any, module: Any) -> None:
+        """Called right after the test batches, after the module's `on_test_epoch_end`."""
 
     def on_test_end(self, trainer: Any, module: Any) -> None:
         """Called after the test loop."""

@@ -196,10 +196,14 @@ class ModelCheckpoint(Callback):
                 (trainer.current_epoch + 1) % self.every_n_epochs == 0):
             self.save(trainer, reason="epoch")
 
-    def on_fit_end(self, trainer: Any, module: Any) -> None:
-        """Save the final state with `save_last`, then wait for the last write (raising its failure)."""
+    def on_train_end(self, trainer: Any, module: Any) -> None:
+        """Save the final state with `save_last` (before an optimizer's moving averages replace the weights:
+        the checkpoint holds both, so a resume stays exact)."""
         if self.save_last:
             self.save(trainer, reason="last")
+
+    def on_fit_end(self, trainer: Any, module: Any) -> None:
+        """Wait for the last write (raising its failure); export the final weights with `export_keras`."""
         self.wait()
         if self.export_keras and trainer.is_global_zero:
             self._export("last")

@@ -26,8 +26,9 @@ def test_fit_calls_hooks_in_the_documented_order(quiet):
     order = Order()
     kt.Trainer(max_epochs=2, batch_size=128, callbacks=[order], **quiet).fit(Classifier())
     epoch = ["on_train_epoch_start", "on_train_batch_start", "on_train_batch_end", "on_train_batch_start",
-             "on_train_batch_end", "on_validation_start", "on_validation_end", "on_train_epoch_end"]
-    assert order.calls == ["setup", "on_fit_start", *epoch, *epoch, "on_fit_end", "teardown"]
+             "on_train_batch_end", "on_validation_start", "on_validation_epoch_start", "on_validation_epoch_end",
+             "on_validation_end", "on_train_epoch_end"]
+    assert order.calls == ["setup", "on_fit_start", *epoch, *epoch, "on_train_end", "on_fit_end", "teardown"]
 
 
 def test_validate_test_predict_call_their_hooks(quiet):
@@ -37,8 +38,10 @@ def test_validate_test_predict_call_their_hooks(quiet):
     trainer.validate(module)
     trainer.test(module, data=(module.x, module.y))
     trainer.predict(module, module.x)
-    assert order.calls == ["setup", "on_validation_start", "on_validation_end", "teardown",
-                           "setup", "on_test_start", "on_test_end", "teardown",
+    assert order.calls == ["setup", "on_validation_start", "on_validation_epoch_start", "on_validation_epoch_end",
+                           "on_validation_end", "teardown",
+                           "setup", "on_test_start", "on_test_epoch_start", "on_test_epoch_end", "on_test_end",
+                           "teardown",
                            "setup", "on_predict_start", "on_predict_end", "teardown"]
 
 
