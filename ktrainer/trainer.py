@@ -37,7 +37,13 @@ from ktrainer.metrics import EpochMetrics, hook_values, metric_object_values, re
 from ktrainer.module import Module
 from ktrainer.precision import LayerPrecision, resolve_precision
 from ktrainer.precision.advice import hardware_advice
-from ktrainer.precision.report import check_output_dtype, keep_float32, log_report, precision_report
+from ktrainer.precision.report import (
+    check_output_dtype,
+    keep_float32,
+    log_report,
+    output_dtypes,
+    precision_report,
+)
 from ktrainer.preemption import DEFAULT_SIGNALS, Preempted, SignalWatcher, check_signals
 from ktrainer.progress import Progress, draw_seed
 from ktrainer.random_state import capture_random_state, restore_random_state
@@ -55,6 +61,7 @@ from ktrainer.step import (
 )
 from ktrainer.strategies import LR_SCALINGS, per_replica_mean_losses, plan_devices, scale_learning_rate
 from ktrainer.strategies.hardware import visible_accelerators
+from ktrainer.tracing import warn_if_not_training, watch_calls
 from ktrainer.train_step import TrainStep
 from ktrainer.wiring import (
     check_fast_dev_run,
@@ -426,10 +433,13 @@ class Trainer:
                                                       gradient_clip_val=self.gradient_clip_val,
                                                       accumulate_grad_batches=self.accumulate_grad_batches,
                                                       stop_flag=stop_flag)
-            with self.strategy.scope():
+            with self.strategy.scope(), watch_calls(module.model) as calls:
                 keys = discover_outputs(train_step.forward, train.element_spec)
                 self.optimizer.build(module.model.trainable_variables)
                 train_step.build()
+            warn_if_not_training(calls)
+            if not getattr(module.model, "outputs", None):  # a subclassed model: its calls showed the dtypes
+                check_output_dtype(calls.output_dtypes, self.precision.name, self.precision.compute_dtype)
             if resumed is not None:
                 self._resume(resumed)
             train_runner = CompiledSteps(train_step, self.strategy, keys)
@@ -826,7 +836,8 @@ class Trainer:
                 self.optimizer = self.precision.wrap_optimizer(optimizer)
                 self.lr_factor = scale_learning_rate(self.optimizer, self.lr_scaling,
                                                      self.strategy.num_replicas_in_sync)
-        check_output_dtype(module.model, self.precision.name, self.precision.compute_dtype)
+        dtypes, layer = output_dtypes(module.model)
+        check_output_dtype(dtypes, self.precision.name, self.precision.compute_dtype, layer)
         log_report(precision_report(module.model), self.precision.name, self.precision.policy)
         if with_optimizer:
             for line in hardware_advice(self.precision.name, self.precision.compute_dtype, visible_accelerators()):

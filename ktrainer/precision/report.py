@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import keras
 
-__all__ = ["LayerPrecision", "precision_report", "keep_float32", "check_output_dtype", "summarize"]
+__all__ = ["LayerPrecision", "precision_report", "keep_float32", "output_dtypes", "check_output_dtype", "summarize"]
 
 log = logging.getLogger("ktrainer")
 
@@ -64,25 +64,37 @@ def keep_float32(model: keras.Model, selectors: Sequence[type | str]) -> list[st
     return changed
 
 
-def check_output_dtype(model: keras.Model, precision_name: str, compute_dtype: str) -> None:
-    """Warn, with the exact fix, when a float16/bfloat16 model's output is not float32."""
-    if compute_dtype not in ("float16", "bfloat16"):
-        return
+def output_dtypes(model: keras.Model) -> tuple[list[str], str | None]:
+    """The dtypes of a functional model's outputs and the name of the layer that makes the first (empty for a
+    subclassed model: see `tracing.watch_calls`, which records what its calls return)."""
     outputs = getattr(model, "outputs", None)
-    dtypes = [keras.backend.standardize_dtype(o.dtype) for o in keras.tree.flatten(outputs)] if outputs else []
-    if not dtypes:
-        layers = _layers(model)
-        dtypes = [layers[-1].compute_dtype] if layers else []
-    if any(d != "float32" for d in dtypes):
-        last = _layers(model)[-1]
-        warnings.warn(
-            f"precision={precision_name!r}: the model's output is {', '.join(sorted(set(dtypes)))}, not float32. "
-            f"Softmax and the loss need float32's range and precision. Fix: give the last layer "
-            f"dtype=\"float32\", e.g. keras.layers.{type(last).__name__}(..., dtype=\"float32\") for layer "
-            f"{last.name!r}.",
-            UserWarning,
-            stacklevel=4,
-        )
+    if not outputs:
+        return [], None
+    tensors = keras.tree.flatten(outputs)
+    history = getattr(tensors[0], "_keras_history", None)
+    layer = getattr(getattr(history, "operation", None), "name", None)
+    return [keras.backend.standardize_dtype(t.dtype) for t in tensors], layer
+
+
+def check_output_dtype(dtypes: list[str], precision_name: str, compute_dtype: str, layer: str | None = None) -> None:
+    """Warn, with the exact fix, when a float16/bfloat16 model's output is not float32.
+
+    Args:
+        dtypes: The dtypes of the model's actual outputs.
+        precision_name: The precision, for the message.
+        compute_dtype: The policy's compute dtype.
+        layer: The layer making the output, when known.
+    """
+    if compute_dtype not in ("float16", "bfloat16") or not dtypes or all(d == "float32" for d in dtypes):
+        return
+    which = f"layer {layer!r}" if layer else "the layer that makes the model's output"
+    warnings.warn(
+        f"precision={precision_name!r}: the model's output is {', '.join(sorted(set(dtypes)))}, not float32. "
+        f"Softmax and the loss need float32's range and precision. Fix: create {which} with dtype=\"float32\", "
+        f"e.g. keras.layers.Dense(..., dtype=\"float32\").",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def summarize(report: dict[str, LayerPrecision], precision_name: str, policy: str) -> str:

@@ -1,0 +1,73 @@
+"""The first trace shows what the model really does: its output dtype, and whether it trains in training mode."""
+
+from __future__ import annotations
+
+import warnings
+
+import keras
+import pytest
+
+import ktrainer as kt
+from tests.helpers import Classifier
+
+
+class Subclassed(keras.Model):
+    """The output layer is created first and the hidden one second: creation order says nothing of the output."""
+
+    def __init__(self, output_dtype):
+        super().__init__()
+        self.head = keras.layers.Dense(3, dtype=output_dtype)
+        self.hidden = keras.layers.Dense(16, activation="relu")
+
+    def call(self, x, training=False):
+        return self.head(self.hidden(x))
+
+
+class SubclassedModule(Classifier):
+    def __init__(self, output_dtype):
+        super().__init__()
+        self.output_dtype = output_dtype
+
+    def build(self):
+        return Subclassed(self.output_dtype)
+
+
+def fit(module, **kwargs):
+    kt.Trainer(max_steps=1, batch_size=64, enable_progress_bar=False, logger=False, enable_checkpointing=False,
+               **kwargs).fit(module)
+
+
+def test_a_subclassed_model_whose_output_is_float32_is_not_warned_about():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit(SubclassedModule("float32"), precision="16-mixed")
+
+
+def test_a_subclassed_model_whose_output_is_float16_is_warned_about():
+    with pytest.warns(UserWarning, match="the model's output is float16, not float32"):
+        fit(SubclassedModule(None), precision="16-mixed")
+
+
+class WithDropout(Classifier):
+    def __init__(self, training):
+        super().__init__()
+        self.training = training
+
+    def build(self):
+        return keras.Sequential([keras.layers.Input((20,)), keras.layers.Dense(16, activation="relu"),
+                                 keras.layers.Dropout(0.5, name="drop"), keras.layers.Dense(3)])
+
+    def training_step(self, batch):
+        x, y = batch
+        logits = self.model(x, training=True) if self.training else self.model(x)
+        return keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+
+
+def test_a_model_called_without_training_true_in_training_step_is_warned_about_once():
+    with pytest.warns(UserWarning, match=r"without training=True, so drop \(Dropout\) ran as in inference.*"
+                                         r"self.model\(x, training=True\)") as caught:
+        fit(WithDropout(training=False), max_epochs=1)
+    assert len([w for w in caught if "training=True" in str(w.message)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit(WithDropout(training=True))
