@@ -13,6 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from ktrainer.gradients import dense, scale, values
 from ktrainer.module import LogOptions
 from ktrainer.step import (
     APPLIED,
@@ -140,7 +141,10 @@ class TrainStep:
         else:
             sums = self._present(self._sums)
             for total, gradient in zip(sums, gradients, strict=True):
-                total.assign_add(gradient)
+                if isinstance(gradient, tf.IndexedSlices):
+                    total.scatter_add(gradient)  # only the rows the batch touched
+                else:
+                    total.assign_add(gradient)
             self._count.assign_add(1)
             due = self._count >= self.accumulate
             mean = [total / tf.cast(self.accumulate, total.dtype) for total in sums]
@@ -217,7 +221,8 @@ class TrainStep:
         return tf.cast(due, tf.float32), skipped
 
     def _all_finite(self, local_gradients: list) -> tf.Tensor:
-        bad = [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(g)), tf.float32)) for g in local_gradients]
+        bad = [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(values(g))), tf.float32))
+               for g in local_gradients]
         return tf.equal(_all_reduce_sum([tf.add_n(bad)])[0], 0.0)
 
     def _update_all_replicas(self, strategy: tf.distribute.Strategy, local_gradients: Any, due: Any,
@@ -232,9 +237,9 @@ class TrainStep:
 
     def _apply_on_replica(self, local_gradients: list) -> None:
         if self.clip is not None:
-            total = _all_reduce_sum(local_gradients)
+            total = _all_reduce_sum([dense(g) for g in local_gradients])  # the norm of the sum
             norm = tf.linalg.global_norm(total)
             factor = tf.minimum(1.0, self.clip / tf.maximum(norm, 1e-12))
-            local_gradients = [g * tf.cast(factor, g.dtype) for g in local_gradients]
+            local_gradients = [scale(g, factor) for g in local_gradients]
         optimizer = self.precision.optimizer_to_step(self.optimizer)
         optimizer.apply(local_gradients, self._present(self.module.model.trainable_variables))

@@ -37,9 +37,9 @@ from ktrainer.metrics import EpochMetrics, hook_values, metric_object_values, re
 from ktrainer.module import Module
 from ktrainer.precision import LayerPrecision, resolve_precision
 from ktrainer.precision.advice import hardware_advice
+from ktrainer.precision.float32_layers import float32_at_construction, keep_float32
 from ktrainer.precision.report import (
     check_output_dtype,
-    keep_float32,
     log_report,
     output_dtypes,
     precision_report,
@@ -816,15 +816,17 @@ class Trainer:
         keras.config.set_dtype_policy(self.precision.policy)
         with self.strategy.scope():
             if module.model is None:
-                model = module.build()
+                with float32_at_construction(self.float32_layers) as matched:
+                    model = module.build()
                 if not isinstance(model, keras.Model):
                     raise TypeError(
                         f"{type(module).__name__}.build() returned {type(model).__name__}; it must return "
                         "a keras.Model (e.g. keras.Sequential([...]))."
                     )
                 module.model = model
-                if self.float32_layers:
-                    keep_float32(model, self.float32_layers)
+                unmatched = [s for s in self.float32_layers if s not in matched]
+                if unmatched:  # names Keras gave: known only now
+                    keep_float32(model, unmatched)
             if with_optimizer:
                 optimizer = module.configure_optimizers()
                 if not isinstance(optimizer, keras.optimizers.Optimizer):

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 
 from ktrainer.errors import check_choice, check_int
+from ktrainer.gradients import scale
 from ktrainer.precision.base import Precision
 from ktrainer.precision.loss_scale import apply_or_skip
 
@@ -76,7 +77,8 @@ class MixedPrecision(Precision):
         """Divide the gradients by the current scale (once; the update does not unscale again)."""
         if not self.loss_scaling:
             return gradients
-        return [None if g is None else g / keras.ops.cast(optimizer.dynamic_scale, g.dtype) for g in gradients]
+        inverse = 1.0 / optimizer.dynamic_scale
+        return [scale(g, inverse) for g in gradients]  # sparse gradients stay sparse
 
     def apply(self, optimizer: Any, apply: Callable[[], None], finite: Any) -> Any:
         """Apply when every gradient is finite on every replica, else skip; move the scale either way."""

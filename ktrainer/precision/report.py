@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import keras
 
-__all__ = ["LayerPrecision", "precision_report", "keep_float32", "output_dtypes", "check_output_dtype", "summarize"]
+__all__ = ["LayerPrecision", "precision_report", "output_dtypes", "check_output_dtype", "summarize"]
 
 log = logging.getLogger("ktrainer")
 
@@ -37,31 +36,6 @@ def precision_report(model: keras.Model) -> dict[str, LayerPrecision]:
     """Compute and variable dtype of every layer (nested ones included), by layer name, in model order."""
     return {layer.name: LayerPrecision(type(layer).__name__, layer.compute_dtype, layer.variable_dtype)
             for layer in _layers(model)}
-
-
-def keep_float32(model: keras.Model, selectors: Sequence[type | str]) -> list[str]:
-    """Make the layers matching `selectors` (layer classes or names) compute in float32.
-
-    Their variables keep their dtype (float32 under a mixed policy); their inputs are cast to
-    float32 when they are called, and the next layer casts back to its own compute dtype.
-
-    Returns:
-        The names of the layers changed.
-
-    Raises:
-        ValueError: For a selector that matches no layer, listing the layer names and classes.
-    """
-    changed = []
-    for selector in selectors:
-        matched = [layer for layer in _layers(model)
-                   if (isinstance(selector, type) and isinstance(layer, selector)) or layer.name == selector]
-        if not matched:
-            names = ", ".join(f"{layer.name} ({type(layer).__name__})" for layer in _layers(model))
-            raise ValueError(f"float32_layers: {selector!r} matches no layer of the model. Its layers: {names}.")
-        for layer in matched:
-            layer.dtype_policy = keras.DTypePolicy("float32")
-            changed.append(layer.name)
-    return changed
 
 
 def output_dtypes(model: keras.Model) -> tuple[list[str], str | None]:
