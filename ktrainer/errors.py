@@ -65,7 +65,7 @@ def check_module_hooks(module: Any, base: type, hooks: Iterable[str]) -> None:
     cls = type(module)
     if not isinstance(module, base):
         raise TypeError(f"Trainer needs a ktrainer.Module, got {cls.__name__}. Subclass kt.Module.")
-    if not hasattr(module, "_log_buffer"):
+    if "_replica_local" not in vars(module):
         raise TypeError(
             f"{cls.__name__}.__init__ did not call super().__init__(). Add it as the first line."
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,10 @@ class Module:
     distribution scope and stores the result as `self.model`.
 
     Attributes:
+        automatic_optimization: True (default): the Trainer differentiates the loss `training_step`
+            returns and steps the optimizer. False: `training_step` makes its updates itself with
+            `self.manual_step(loss_fn, optimizer, variables)` (e.g. a GAN's discriminator and
+            generator, each with its own optimizer); a loss it returns is logged, not differentiated.
         add_model_losses: Add the model's own losses (`model.losses`: kernel and activity
             regularizers, `add_loss` terms) to the loss `training_step` (and `validation_step`,
             `test_step`) returns, as Keras's `fit` and `evaluate` do, logged as `train/reg_loss`.
@@ -45,16 +50,19 @@ class Module:
     per epoch -> `teardown`.
     """
 
+    automatic_optimization: bool = True
     add_model_losses: bool = True
 
     def __init__(self) -> None:
         self.model: keras.Model | None = None
         self.trainer = None
         self.hparams: dict[str, Any] = {}
-        self._log_buffer: dict[str, Any] = {}
+        self._replica_local = threading.local()  # MirroredStrategy runs each replica's step in a thread of its own
         self._log_options: dict[str, LogOptions] = {}
         self._metric_objects: dict[str, dict[str, keras.metrics.Metric]] = {}
         self._stage = "train"
+        self._configured_optimizers: Any = None
+        self._manual: Any = None
 
     # ----- hooks the user overrides -----------------------------------------------------
 
@@ -66,8 +74,12 @@ class Module:
         """
         raise NotImplementedError
 
-    def configure_optimizers(self) -> keras.optimizers.Optimizer:
-        """Return the keras optimizer (a `LearningRateSchedule` inside it is fine)."""
+    def configure_optimizers(self) -> keras.optimizers.Optimizer | list | dict:
+        """Return the keras optimizer (a `LearningRateSchedule` inside it is fine).
+
+        Several optimizers (a list, or a dict by name) need `automatic_optimization = False`:
+        `training_step` then decides which updates which variables, with `self.manual_step`.
+        """
         raise NotImplementedError
 
     def training_step(self, batch: Any) -> Any:
@@ -220,6 +232,44 @@ class Module:
             return
         self._log_buffer[name] = value
 
+    def optimizers(self) -> Any:
+        """The optimizers `configure_optimizers()` returned, as it returned them (one, a list or a dict).
+
+        Raises:
+            RuntimeError: Before the Trainer configured them.
+        """
+        if self._configured_optimizers is None:
+            raise RuntimeError("self.optimizers() is known once the Trainer called configure_optimizers(): use it "
+                               "in training_step or a later hook.")
+        return self._configured_optimizers
+
+    def manual_step(self, loss_fn: Any, optimizer: Any, variables: Any = None) -> Any:
+        """Update `variables` with `optimizer` from the loss `loss_fn()` returns (manual optimization).
+
+        Call it in `training_step` when `automatic_optimization = False`, once per update. It
+        computes the gradients of the loss (the mean over this replica's batch) and applies, under
+        the Trainer's precision and strategy, loss scaling, the non-finite skip decided for all
+        replicas at once, gradient clipping and accumulation, each update with its own loss scale.
+
+        Args:
+            loss_fn: A function of no arguments returning the scalar loss (call the model inside it).
+            optimizer: One of `self.optimizers()`.
+            variables: The variables to update; default: every trainable variable of `self.model`.
+
+        Returns:
+            The loss.
+
+        Raises:
+            RuntimeError: Outside `training_step`, or with automatic optimization.
+            ValueError: For an optimizer `configure_optimizers()` did not return.
+        """
+        if self.automatic_optimization:
+            raise RuntimeError(f"self.manual_step(...) needs manual optimization: set automatic_optimization = "
+                               f"False in {type(self).__name__} (the Trainer then makes no update of its own).")
+        if self._manual is None:
+            raise RuntimeError("self.manual_step(...) works inside training_step only.")
+        return self._manual.manual_step(loss_fn, optimizer, variables)
+
     def save_hyperparameters(self, *names: str) -> None:
         """Record the constructor arguments in `self.hparams`; loggers and checkpoints carry them.
 
@@ -244,6 +294,15 @@ class Module:
 
     # ----- used by the Trainer -----------------------------------------------------------
 
+    @property
+    def _log_buffer(self) -> dict[str, Any]:
+        """What was logged and not yet taken, in this thread (each replica's step logs into its own)."""
+        local = self.__dict__["_replica_local"]
+        if not hasattr(local, "buffer"):
+            local.buffer = {}
+        return local.buffer
+
     def _take_logged(self) -> dict[str, Any]:
-        logged, self._log_buffer = self._log_buffer, {}
+        logged = dict(self._log_buffer)
+        self._log_buffer.clear()
         return logged

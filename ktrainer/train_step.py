@@ -5,10 +5,18 @@ update? skip it?) are taken once, in the cross-replica context reached through `
 where the update is run on every replica with `call_for_each_replica`. That is the only place
 a `tf.cond` may call the optimizer under MirroredStrategy, and it makes the decision one for
 all replicas.
+
+An `UpdateRule` is one optimizer over one list of variables. With automatic optimization the
+step has one, over the model's trainable variables, and differentiates the loss `training_step`
+returns. With manual optimization (`Module.automatic_optimization = False`) `training_step`
+calls `self.manual_step(loss_fn, optimizer, variables)` once per update: each call has a rule of
+its own (its own loss scale, accumulation and skip decision), found when the step is first traced.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -27,203 +35,144 @@ from ktrainer.step import (
     with_model_losses,
 )
 
-__all__ = ["TrainStep"]
+__all__ = ["TrainStep", "UpdateRule"]
 
 
-def _all_reduce_sum(values: list[tf.Tensor]) -> list[tf.Tensor]:
+def _all_reduce_sum(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
     context = tf.distribute.get_replica_context()
     if context is None or context.num_replicas_in_sync == 1:
-        return values
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, values)
+        return tensors
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, tensors)
 
 
-class TrainStep:
-    """One training step on one (per-replica) batch.
+class UpdateRule:
+    """One optimizer updating one list of variables: loss scaling, accumulation, the skip decision, clipping.
 
-    The loss each replica returns is the mean over its own batch; its gradient is divided by
-    the number of replicas, so the sum over replicas (what the optimizer applies) is the gradient
-    of the mean loss over the global batch. Gradients of `accumulate_grad_batches` batches are
-    averaged before one update; clipping (by global norm) acts on the unscaled, averaged,
-    all-replica gradient.
+    The loss each replica differentiates is the mean over its own batch divided by the number of
+    replicas, so the sum over replicas (what the optimizer applies) is the gradient of the mean
+    over the global batch. Gradients of `accumulate` batches are averaged before one update;
+    clipping (by global norm) acts on the unscaled, averaged, all-replica gradient.
 
     Args:
-        module: The user's Module (its `model` already built).
-        optimizer: The optimizer (as wrapped by the precision plugin), built on the model's variables.
+        optimizer: The optimizer, as the precision plugin wrapped it.
+        variables: The variables it updates.
         precision: The precision plugin.
         strategy: The tf.distribute strategy.
-        gradient_clip_val: Clip the global gradient norm to this value; None: no clipping.
-        accumulate_grad_batches: Batches per optimizer update.
-        stop_flag: A variable local to this worker, > 0 once it wants to stop (a preemption
-            signal); when given, every step returns its sum over all workers as `_stop`, so all
-            workers decide to stop after the same step. None in single-process runs.
+        clip: The global norm to clip to, or None.
+        accumulate: Batches per update.
     """
 
-    def __init__(self, module: Any, optimizer: Any, precision: Any, strategy: tf.distribute.Strategy, *,
-                 gradient_clip_val: float | None, accumulate_grad_batches: int,
-                 stop_flag: tf.Variable | None = None) -> None:
-        self.module = module
+    def __init__(self, optimizer: Any, variables: Sequence[Any], precision: Any, strategy: tf.distribute.Strategy,
+                 clip: float | None, accumulate: int) -> None:
         self.optimizer = optimizer
+        self.variables = list(variables)
         self.precision = precision
         self.strategy = strategy
-        self.clip = gradient_clip_val
-        self.accumulate = accumulate_grad_batches
+        self.clip = clip
+        self.accumulate = accumulate
         self.replicas = strategy.num_replicas_in_sync
-        self.stop_flag = stop_flag
-        self._sums: list[tf.Variable] = []
-        self._count: tf.Variable | None = None
-        self._trained: list[bool] = []
-        self._flush_function = tf.function(self._flush_on_replicas)
+        self.sums: list[tf.Variable] = []
+        self.count: tf.Variable | None = None
+        self._trained: list[bool] = [True] * len(self.variables)
 
     def build(self) -> None:
         """Create the accumulation variables, one copy per replica (call inside the strategy scope)."""
         if self.accumulate > 1:
             local = {"trainable": False, "synchronization": tf.VariableSynchronization.ON_READ}
-            self._sums = [tf.Variable(tf.zeros_like(v), aggregation=tf.VariableAggregation.SUM, **local)
-                          for v in self.module.model.trainable_variables]
-            self._count = tf.Variable(0, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
-                                      **local)
+            self.sums = [tf.Variable(tf.zeros_like(v), aggregation=tf.VariableAggregation.SUM, **local)
+                         for v in self.variables]
+            self.count = tf.Variable(0, dtype=tf.int64, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                                     **local)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The gradients accumulated so far in a partial group (empty without one).
+    def pending(self) -> int:
+        """Batches accumulated in the current partial group (read on this worker only)."""
+        return 0 if self.count is None else int(self.count.numpy())
 
-        Under several replicas each keeps its own sums; reading gives their total and loading
-        splits it evenly, which the all-replica sum of the update does not notice. Across workers
-        that total would need every worker, so multi-worker runs save at group boundaries only.
-        """
-        if self.accumulate == 1 or int(self._count.numpy()) == 0:  # the count is read locally, no collective
-            return {}
-        if self.stop_flag is not None:
-            raise RuntimeError("A checkpoint of a partial accumulation group in a multi-worker run would need every "
-                               "worker's sums; the Trainer ends its executions at group boundaries there, so this "
-                               "is a bug: please report it.")
-        return {"count": self._count, "sums": {f"{i:05d}": total for i, total in enumerate(self._sums)}}
-
-    def mismatch(self, state: dict[str, Any]) -> str:
-        """Why a saved partial group does not fit this step ("" when it does, or there is none)."""
-        if not state:
-            return ""
-        sums = list(state["sums"].values())
-        if self.accumulate == 1 or len(sums) != len(self._sums) or int(state["count"]) >= self.accumulate:
-            return (f"The checkpoint holds a partial gradient-accumulation group of {int(state['count'])} batches "
-                    f"over {len(sums)} variables; this run accumulates {self.accumulate} batches over "
-                    f"{len(self._sums)} variables. Resume with the same accumulate_grad_batches (and model).")
-        return ""
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a partial group's accumulated gradients (after `mismatch` found none)."""
-        if not state:
-            return
-        sums = list(state["sums"].values())
-        for total, value in zip(self._sums, sums, strict=True):
-            total.assign(value)
-        self._count.assign(int(state["count"]))
-
-    def forward(self, batch: Any) -> dict[str, tf.Tensor]:
-        """Loss and logs of a batch, without gradients (used to discover the output keys)."""
-        _, logs = self._loss_and_logs(batch)
-        flag = tf.constant(0.0)
-        stop = {STOP: flag} if self.stop_flag is not None else {}
-        return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: flag, SKIPPED: flag,
-                **stop}
-
-    def __call__(self, batch: Any) -> dict[str, tf.Tensor]:
-        """One training step on one (per-replica) batch."""
-        variables = self.module.model.trainable_variables
+    def differentiate(self, loss_fn: Callable[[], tf.Tensor], checked: str) -> tuple[tf.Tensor, list]:
+        """(loss, unscaled gradients of the variables that get one) of `loss_fn`'s per-replica mean loss."""
         with tf.GradientTape() as tape:
-            loss, logs = self._loss_and_logs(batch)
+            loss = check_loss(loss_fn(), checked)
             share = loss / tf.cast(self.replicas, loss.dtype)
             scaled = self.precision.scale_loss(share, self.optimizer)
-        gradients = tape.gradient(scaled, variables)
-        self._learn_which_variables_train(gradients)
-        gradients = self.precision.unscale_gradients(self._present(gradients), self.optimizer)
-        if self.accumulate == 1:
-            applied, skipped = self._decide(gradients, tf.constant(True))
-        else:
-            sums = self._present(self._sums)
-            for total, gradient in zip(sums, gradients, strict=True):
-                if isinstance(gradient, tf.IndexedSlices):
-                    total.scatter_add(gradient)  # only the rows the batch touched
-                else:
-                    total.assign_add(gradient)
-            self._count.assign_add(1)
-            due = self._count >= self.accumulate
-            mean = [total / tf.cast(self.accumulate, total.dtype) for total in sums]
-            self._reset_where(due)
-            applied, skipped = self._decide(mean, due)
-        stop = {STOP: self._any_worker_stops()} if self.stop_flag is not None else {}
-        return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: applied,
-                SKIPPED: skipped, **stop}
-
-    def _any_worker_stops(self) -> tf.Tensor:
-        # The flag lives outside the strategy, one per worker: read it here, on this replica's device.
-        local = tf.identity(tf.cast(self.stop_flag.read_value(), tf.float32))
-        return _all_reduce_sum([local])[0]
-
-    def flush(self) -> tuple[bool, bool]:
-        """Apply the gradients accumulated so far (at an epoch end).
-
-        Returns:
-            (stepped, skipped): whether an optimizer step was taken, and whether it was skipped
-            for non-finite gradients.
-        """
-        if self.accumulate == 1 or int(self._count.numpy()) == 0:
-            return False, False
-        skipped = self._flush_function()
-        return True, bool(self.strategy.experimental_local_results(skipped)[0].numpy())
-
-    def _flush_on_replicas(self) -> Any:
-        def flush():
-            mean = [total / tf.cast(self._count, total.dtype) for total in self._present(self._sums)]
-            self._reset_where(tf.constant(True))
-            return self._decide(mean, tf.constant(True))[1]
-
-        return self.strategy.run(flush)
-
-    def _loss_and_logs(self, batch: Any) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        self.module._stage = "train"
-        self.module._take_logged()
-        loss = with_model_losses(self.module, check_loss(self.module.training_step(batch), "training_step"), "train")
-        self.module.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        return loss, scalar_logs(self.module._take_logged(), "training_step")
-
-    def _precision_logs(self) -> dict[str, tf.Tensor]:
-        scale = self.precision.loss_scale(self.optimizer)
-        if scale is None:
-            return {}
-        self.module._log_options[LOSS_SCALE] = LogOptions(on_step=True, on_epoch=False, prog_bar=True)
-        return {LOSS_SCALE: tf.cast(tf.convert_to_tensor(scale), tf.float32)}
-
-    def _learn_which_variables_train(self, gradients: list) -> None:
-        """Remember (at trace time) which variables get a gradient; like Keras, the others are left alone."""
+        gradients = tape.gradient(scaled, self.variables)
         self._trained = [g is not None for g in gradients]
         if not any(self._trained):
             raise ValueError(
-                "No gradient reaches any trainable variable: the loss returned by training_step does not depend "
-                "on self.model's weights. Compute the loss from self.model(...)."
+                f"No gradient reaches any variable that {checked} updates: its loss does not depend on them. "
+                "Compute the loss from self.model(...) (or, in manual optimization, from the variables given to "
+                "self.manual_step)."
             )
+        return loss, self.precision.unscale_gradients(self._present(gradients), self.optimizer)
 
-    def _present(self, values: list) -> list:
-        return [v for v, trained in zip(values, self._trained, strict=True) if trained]
+    def update(self, gradients: list) -> tuple[tf.Tensor, tf.Tensor]:
+        """Accumulate, then (at a group's end) apply or skip, one decision for all replicas; (applied, skipped)."""
+        if self.accumulate == 1:
+            return self._decide(gradients, tf.constant(True))
+        sums = self._present(self.sums)
+        for total, gradient in zip(sums, gradients, strict=True):
+            if isinstance(gradient, tf.IndexedSlices):
+                total.scatter_add(gradient)  # only the rows the batch touched
+            else:
+                total.assign_add(gradient)
+        self.count.assign_add(1)
+        due = self.count >= self.accumulate
+        mean = [total / tf.cast(self.accumulate, total.dtype) for total in sums]
+        self._reset_where(due)
+        return self._decide(mean, due)
+
+    def flush_on_replica(self) -> tf.Tensor:
+        """Apply the partial group accumulated so far (per replica, inside `strategy.run`); the skipped flag."""
+        mean = [total / tf.cast(self.count, total.dtype) for total in self._present(self.sums)]
+        self._reset_where(tf.constant(True))
+        return self._decide(mean, tf.constant(True))[1]
+
+    def loss_scale(self) -> Any:
+        """The current loss scale, or None."""
+        return self.precision.loss_scale(self.optimizer)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The partial group (empty without one)."""
+        if self.pending() == 0:
+            return {}
+        return {"count": self.count, "sums": {f"{i:05d}": total for i, total in enumerate(self.sums)}}
+
+    def mismatch(self, state: dict[str, Any]) -> str:
+        """Why a saved partial group does not fit this rule ("" when it does, or there is none)."""
+        if not state:
+            return ""
+        sums = list(state["sums"].values())
+        if self.accumulate == 1 or len(sums) != len(self.sums) or int(state["count"]) >= self.accumulate:
+            return (f"The checkpoint holds a partial gradient-accumulation group of {int(state['count'])} batches "
+                    f"over {len(sums)} variables; this run accumulates {self.accumulate} batches over "
+                    f"{len(self.sums)} variables. Resume with the same accumulate_grad_batches (and model).")
+        return ""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a partial group (after `mismatch` found none)."""
+        if not state:
+            return
+        for total, value in zip(self.sums, state["sums"].values(), strict=True):
+            total.assign(value)
+        self.count.assign(int(state["count"]))
+
+    def _present(self, items: list) -> list:
+        return [item for item, trained in zip(items, self._trained, strict=True) if trained]
 
     def _reset_where(self, due: tf.Tensor) -> None:
-        for total in self._sums:
+        for total in self.sums:
             total.assign(tf.where(due, tf.zeros_like(total), total))
-        self._count.assign(tf.where(due, tf.zeros_like(self._count), self._count))
+        self.count.assign(tf.where(due, tf.zeros_like(self.count), self.count))
 
     def _decide(self, local_gradients: list, due: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """Take the update decision once for all replicas; returns (applied, skipped) flags."""
         if self.accumulate == 1 and not self.precision.loss_scaling:
             self._apply_on_replica(local_gradients)  # nothing to decide: the plain, fastest path
             return tf.constant(1.0), tf.constant(0.0)
-        finite = self._all_finite(local_gradients)
+        bad = [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(values(g))), tf.float32))
+               for g in local_gradients]
+        finite = tf.equal(_all_reduce_sum([tf.add_n(bad)])[0], 0.0)
         context = tf.distribute.get_replica_context()
         skipped = context.merge_call(self._update_all_replicas, args=(local_gradients, due, finite))
         return tf.cast(due, tf.float32), skipped
-
-    def _all_finite(self, local_gradients: list) -> tf.Tensor:
-        bad = [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(values(g))), tf.float32))
-               for g in local_gradients]
-        return tf.equal(_all_reduce_sum([tf.add_n(bad)])[0], 0.0)
 
     def _update_all_replicas(self, strategy: tf.distribute.Strategy, local_gradients: Any, due: Any,
                              finite: Any) -> tf.Tensor:
@@ -242,4 +191,207 @@ class TrainStep:
             factor = tf.minimum(1.0, self.clip / tf.maximum(norm, 1e-12))
             local_gradients = [scale(g, factor) for g in local_gradients]
         optimizer = self.precision.optimizer_to_step(self.optimizer)
-        optimizer.apply(local_gradients, self._present(self.module.model.trainable_variables))
+        optimizer.apply(local_gradients, self._present(self.variables))
+
+
+class TrainStep:
+    """One training step on one (per-replica) batch, with automatic or manual optimization.
+
+    Args:
+        module: The user's Module (its `model` already built).
+        optimizers: The optimizers (as wrapped by the precision plugin), in `configure_optimizers` order.
+        configured: The user's own optimizer objects, in the same order (what `manual_step` is given).
+        precision: The precision plugin.
+        strategy: The tf.distribute strategy.
+        gradient_clip_val: Clip the global gradient norm to this value; None: no clipping.
+        accumulate_grad_batches: Batches per optimizer update.
+        stop_flag: A variable local to this worker, > 0 once it wants to stop (a preemption
+            signal); when given, every step returns its sum over all workers as `_stop`, so all
+            workers decide to stop after the same step. None in single-process runs.
+    """
+
+    def __init__(self, module: Any, optimizers: Sequence[Any], configured: Sequence[Any], precision: Any,
+                 strategy: tf.distribute.Strategy, *, gradient_clip_val: float | None, accumulate_grad_batches: int,
+                 stop_flag: tf.Variable | None = None) -> None:
+        self.module = module
+        self.optimizers = list(optimizers)
+        self.configured = list(configured)
+        self.precision = precision
+        self.strategy = strategy
+        self.clip = gradient_clip_val
+        self.accumulate = accumulate_grad_batches
+        self.stop_flag = stop_flag
+        self.automatic = getattr(module, "automatic_optimization", True)
+        self.rules: list[UpdateRule] = []
+        self._rule_of: dict[tuple, UpdateRule] = {}
+        self._replica = threading.local()  # MirroredStrategy runs each replica's step in a thread of its own
+        self._flush_function = tf.function(self._flush_on_replicas)
+
+    # ----- set-up -----------------------------------------------------------------------------
+
+    def build(self) -> None:
+        """Create the update rules' state and build each optimizer on its variables (inside the strategy scope;
+        after `forward` was traced once, which shows a manual step's rules)."""
+        if self.automatic:
+            self.rules = [self._rule(self.optimizers[0], self.module.model.trainable_variables)]
+        by_optimizer: dict[int, list] = {}
+        for rule in self.rules:
+            rule.build()
+            known = by_optimizer.setdefault(id(rule.optimizer), [])
+            known.extend(v for v in rule.variables if all(v is not k for k in known))
+        for optimizer in self.optimizers:
+            if id(optimizer) in by_optimizer:
+                optimizer.build(by_optimizer[id(optimizer)])
+
+    def _rule(self, optimizer: Any, variables: Sequence[Any]) -> UpdateRule:
+        key = (id(optimizer), tuple(id(v) for v in variables))
+        if key not in self._rule_of:
+            rule = UpdateRule(optimizer, variables, self.precision, self.strategy, self.clip, self.accumulate)
+            self._rule_of[key] = rule
+            if not self.automatic:
+                self.rules.append(rule)
+        return self._rule_of[key]
+
+    # ----- the step ---------------------------------------------------------------------------
+
+    def forward(self, batch: Any) -> dict[str, tf.Tensor]:
+        """Loss and logs of a batch, without gradients (used to discover the output keys, and a manual step's
+        rules)."""
+        self._replica.discovering = True
+        try:
+            logs = self._run_training_step(batch, lambda loss_fn, checked: check_loss(loss_fn(), checked))
+        finally:
+            self._replica.discovering = False
+        flag = tf.constant(0.0)
+        stop = {STOP: flag} if self.stop_flag is not None else {}
+        return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: flag, SKIPPED: flag,
+                **stop}
+
+    def __call__(self, batch: Any) -> dict[str, tf.Tensor]:
+        """One training step on one (per-replica) batch."""
+        flags = self._replica.flags = []
+        if self.automatic:
+            rule = self.rules[0]
+
+            def update(loss_fn: Callable[[], Any], checked: str) -> tf.Tensor:
+                loss, gradients = rule.differentiate(loss_fn, checked)
+                flags.append(rule.update(gradients))
+                return loss
+
+            logs = self._run_training_step(batch, update)
+        else:
+            logs = self._run_training_step(batch, None)
+        if not flags:
+            raise ValueError("training_step made no update: with automatic_optimization = False, call "
+                             "self.manual_step(loss_fn, optimizer, variables) in it for each update.")
+        applied = tf.reduce_max(tf.stack([a for a, _ in flags]))
+        skipped = tf.reduce_max(tf.stack([s for _, s in flags]))
+        stop = {STOP: self._any_worker_stops()} if self.stop_flag is not None else {}
+        return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: applied,
+                SKIPPED: skipped, **stop}
+
+    def manual_step(self, loss_fn: Callable[[], Any], optimizer: Any, variables: Sequence[Any] | None) -> tf.Tensor:
+        """What `Module.manual_step` does inside `training_step` (see there)."""
+        wrapped = self._wrapped(optimizer)
+        variables = list(self.module.model.trainable_variables if variables is None else variables)
+        if not variables:
+            raise ValueError("self.manual_step(...) got no variables to update.")
+        rule = self._rule(wrapped, variables)
+        if getattr(self._replica, "discovering", False):
+            return check_loss(loss_fn(), "self.manual_step's loss_fn")
+        loss, gradients = rule.differentiate(loss_fn, "self.manual_step's loss_fn")
+        self._replica.flags.append(rule.update(gradients))
+        return loss
+
+    def _wrapped(self, optimizer: Any) -> Any:
+        for user, wrapped in zip(self.configured, self.optimizers, strict=True):
+            if optimizer is user or optimizer is wrapped:
+                return wrapped
+        raise ValueError("self.manual_step(...) got an optimizer that configure_optimizers() did not return: pass one "
+                         "of self.optimizers().")
+
+    def _run_training_step(self, batch: Any, automatic_update: Callable | None) -> dict[str, tf.Tensor]:
+        module = self.module
+        module._stage = "train"
+        module._take_logged()
+        module._manual = self
+        try:
+            if automatic_update is not None and self.automatic:
+                def loss_fn() -> Any:
+                    return with_model_losses(module, check_loss(module.training_step(batch), "training_step"),
+                                             "train")
+                loss = automatic_update(loss_fn, "training_step")
+            else:
+                returned = module.training_step(batch)
+                loss = None if returned is None else check_loss(returned, "training_step")
+        finally:
+            module._manual = None
+        if loss is not None:
+            module.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        return scalar_logs(module._take_logged(), "training_step")
+
+    def _any_worker_stops(self) -> tf.Tensor:
+        # The flag lives outside the strategy, one per worker: read it here, on this replica's device.
+        local = tf.identity(tf.cast(self.stop_flag.read_value(), tf.float32))
+        return _all_reduce_sum([local])[0]
+
+    def _precision_logs(self) -> dict[str, tf.Tensor]:
+        rules = self.rules or [UpdateRule(self.optimizers[0], [], self.precision, self.strategy, None, 1)]
+        scale_ = rules[0].loss_scale()
+        if scale_ is None:
+            return {}
+        self.module._log_options[LOSS_SCALE] = LogOptions(on_step=True, on_epoch=False, prog_bar=True)
+        return {LOSS_SCALE: tf.cast(tf.convert_to_tensor(scale_), tf.float32)}
+
+    # ----- epoch ends and checkpoints ---------------------------------------------------------
+
+    def pending(self) -> int:
+        """Batches accumulated in a partial group (the largest over the rules; read on this worker)."""
+        return max((rule.pending() for rule in self.rules), default=0)
+
+    def flush(self) -> tuple[bool, bool]:
+        """Apply the gradients accumulated so far (at an epoch end).
+
+        Returns:
+            (stepped, skipped): whether an optimizer step was taken, and whether one was skipped
+            for non-finite gradients.
+        """
+        if self.accumulate == 1 or self.pending() == 0:
+            return False, False
+        skipped = self._flush_function()
+        return True, bool(self.strategy.experimental_local_results(skipped)[0].numpy())
+
+    def _flush_on_replicas(self) -> Any:
+        def flush():
+            return tf.reduce_max(tf.stack([rule.flush_on_replica() for rule in self.rules]))
+
+        return self.strategy.run(flush)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The gradients accumulated so far in a partial group, per rule (empty without one).
+
+        Under several replicas each keeps its own sums; reading gives their total and loading
+        splits it evenly, which the all-replica sum of the update does not notice. Across workers
+        that total would need every worker, so multi-worker runs save at group boundaries only.
+        """
+        if self.pending() == 0:  # the count is read locally, no collective
+            return {}
+        if self.stop_flag is not None:
+            raise RuntimeError("A checkpoint of a partial accumulation group in a multi-worker run would need every "
+                               "worker's sums; the Trainer ends its executions at group boundaries there, so this "
+                               "is a bug: please report it.")
+        return {f"{index:02d}": rule.state_dict() for index, rule in enumerate(self.rules)}
+
+    def mismatch(self, state: dict[str, Any]) -> str:
+        """Why a saved partial group does not fit this step ("" when it does, or there is none)."""
+        if not state:
+            return ""
+        if set(state) != {f"{index:02d}" for index in range(len(self.rules))}:
+            return (f"The checkpoint holds partial gradient-accumulation groups of {len(state)} updates; this run "
+                    f"makes {len(self.rules)} per step. Resume with the same training_step and optimizers.")
+        return "".join(rule.mismatch(state[f"{index:02d}"]) for index, rule in enumerate(self.rules))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the partial groups (after `mismatch` found none)."""
+        for index, rule in enumerate(self.rules):
+            rule.load_state_dict(state.get(f"{index:02d}", {}))

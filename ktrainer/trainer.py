@@ -215,6 +215,8 @@ class Trainer:
         self.progress_bar_metrics: dict[str, float] = {}
         self.num_training_batches: int | None = None
         self.optimizer: keras.optimizers.Optimizer | None = None
+        self.optimizers: list[keras.optimizers.Optimizer] = []
+        self._configured: list[keras.optimizers.Optimizer] = []
         self.strategy: tf.distribute.Strategy | None = None
         self.lr_factor = 1.0
         self._module: Module | None = None
@@ -288,7 +290,7 @@ class Trainer:
                                "(e.g. from a callback).")
         return {
             "model": keyed(module.model.variables),
-            "optimizer": keyed(self.optimizer.variables),
+            "optimizer": keyed(self._optimizer_variables()),
             "accumulation": self._train_step.state_dict(),
             "progress": self.progress.state_dict(),
             "random": capture_random_state(),
@@ -315,7 +317,7 @@ class Trainer:
         """
         module = self._module
         problems = (mismatches("model", state["model"], module.model.variables)
-                    + mismatches("optimizer", state["optimizer"], self.optimizer.variables))
+                    + mismatches("optimizer", state["optimizer"], self._optimizer_variables()))
         accumulation = self._train_step.mismatch(state.get("accumulation", {}))
         if accumulation:
             problems.append(accumulation)
@@ -333,7 +335,7 @@ class Trainer:
         if self.is_global_zero:
             check_keys("loggers", saved["loggers"], loggers)
         assign_all(state["model"], module.model.variables)
-        assign_all(state["optimizer"], self.optimizer.variables)
+        assign_all(state["optimizer"], self._optimizer_variables())
         self._train_step.load_state_dict(state.get("accumulation", {}))
         self.progress.load_state_dict(progress)
         for section, components in (("callbacks", callbacks), ("loggers", loggers)):
@@ -349,6 +351,10 @@ class Trainer:
         restore_random_state(state["random"])
         if state["run"]["precision"] != self.precision.name:
             log.warning("Resuming a %s checkpoint under precision=%r.", state["run"]["precision"], self.precision.name)
+
+    def _optimizer_variables(self) -> list:
+        """Every optimizer's variables, in `configure_optimizers` order."""
+        return [variable for optimizer in self.optimizers for variable in optimizer.variables]
 
     def save_checkpoint(self) -> list[str]:
         """Save a checkpoint now through every ModelCheckpoint, and wait until it is committed.
@@ -429,13 +435,12 @@ class Trainer:
             self._build(module, with_optimizer=True)
             self.num_training_batches = batches_per_epoch(train, self.limit_train_batches)
             stop_flag = tf.Variable(0.0, trainable=False) if self.plan.strategy == "multi_worker" else None
-            train_step = self._train_step = TrainStep(module, self.optimizer, self.precision, self.strategy,
-                                                      gradient_clip_val=self.gradient_clip_val,
+            train_step = self._train_step = TrainStep(module, self.optimizers, self._configured, self.precision,
+                                                      self.strategy, gradient_clip_val=self.gradient_clip_val,
                                                       accumulate_grad_batches=self.accumulate_grad_batches,
                                                       stop_flag=stop_flag)
             with self.strategy.scope(), watch_calls(module.model) as calls:
                 keys = discover_outputs(train_step.forward, train.element_spec)
-                self.optimizer.build(module.model.trainable_variables)
                 train_step.build()
             warn_if_not_training(calls)
             if not getattr(module.model, "outputs", None):  # a subclassed model: its calls showed the dtypes
@@ -465,9 +470,10 @@ class Trainer:
         After `on_train_end`, where the last checkpoint (raw weights and averages both, for an exact
         resume) is saved; `on_fit_end` hooks and the caller see the averaged weights.
         """
-        inner = getattr(self.optimizer, "inner_optimizer", self.optimizer)
-        if getattr(inner, "use_ema", False):
-            inner.finalize_variable_values(self._module.model.trainable_variables)
+        for rule in self._train_step.rules:
+            inner = getattr(rule.optimizer, "inner_optimizer", rule.optimizer)
+            if getattr(inner, "use_ema", False):
+                inner.finalize_variable_values(rule.variables)
 
     def _resume(self, resumed: Resumable) -> None:
         """Load a checkpoint into the built run (all or nothing) and note where the run continues from."""
@@ -828,16 +834,13 @@ class Trainer:
                 if unmatched:  # names Keras gave: known only now
                     keep_float32(model, unmatched)
             if with_optimizer:
-                optimizer = module.configure_optimizers()
-                if not isinstance(optimizer, keras.optimizers.Optimizer):
-                    raise TypeError(
-                        f"{type(module).__name__}.configure_optimizers() returned "
-                        f"{type(optimizer).__name__}; it must return a keras optimizer, e.g. "
-                        "keras.optimizers.Adam(1e-3)."
-                    )
-                self.optimizer = self.precision.wrap_optimizer(optimizer)
-                self.lr_factor = scale_learning_rate(self.optimizer, self.lr_scaling,
-                                                     self.strategy.num_replicas_in_sync)
+                configured = module.configure_optimizers()
+                self._configured = configured_optimizers(configured, module)
+                module._configured_optimizers = configured
+                self.optimizers = [self.precision.wrap_optimizer(each) for each in self._configured]
+                self.optimizer = self.optimizers[0]
+                for each in self.optimizers:
+                    self.lr_factor = scale_learning_rate(each, self.lr_scaling, self.strategy.num_replicas_in_sync)
         dtypes, layer = output_dtypes(module.model)
         check_output_dtype(dtypes, self.precision.name, self.precision.compute_dtype, layer)
         log_report(precision_report(module.model), self.precision.name, self.precision.policy)
@@ -904,6 +907,25 @@ class _PreemptionRequested(Exception):  # noqa: N818 - a signal to unwind the lo
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
+
+
+def configured_optimizers(configured: Any, module: Module) -> list[keras.optimizers.Optimizer]:
+    """The optimizers `configure_optimizers()` returned (one, a list or a dict), as a list, checked.
+
+    Raises:
+        TypeError: For anything that is not keras optimizers, or several under automatic optimization.
+    """
+    name = type(module).__name__
+    optimizers = list(configured.values()) if isinstance(configured, dict) else (
+        list(configured) if isinstance(configured, list | tuple) else [configured])
+    if not optimizers or not all(isinstance(each, keras.optimizers.Optimizer) for each in optimizers):
+        raise TypeError(f"{name}.configure_optimizers() returned {configured!r}; it must return a keras optimizer, "
+                        "e.g. keras.optimizers.Adam(1e-3), or (with manual optimization) a list or dict of them.")
+    if len(optimizers) > 1 and module.automatic_optimization:
+        raise TypeError(f"{name}.configure_optimizers() returned {len(optimizers)} optimizers, but the Trainer steps "
+                        "one by itself. Set automatic_optimization = False in the module and make each update in "
+                        "training_step with self.manual_step(loss_fn, optimizer, variables).")
+    return optimizers
 
 
 def _shuffle_setting(given: bool | None, resumed: Resumable | None) -> bool:

@@ -7,7 +7,10 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import keras
+
 from ktrainer.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar
+from ktrainer.callbacks.keras_adapter import wrap_keras_callback
 from ktrainer.errors import check_int
 from ktrainer.loggers import Logger, TensorBoardLogger
 
@@ -51,13 +54,20 @@ def default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, 
                        checkpointing: bool) -> list:
     """The built-in callbacks the user did not give (progress bar, LR monitor, checkpoint), then the given ones.
 
+    Keras callbacks are wrapped to run at their equivalent points (`callbacks/keras_adapter.py`).
+
     Raises:
-        ValueError: For a non-Callback, or a ModelCheckpoint with checkpointing off.
+        ValueError: For a non-callback, a Keras callback that cannot work here (naming ktrainer's
+            equivalent), or a ModelCheckpoint with checkpointing off.
     """
-    given = list(callbacks or [])
-    for each in given:
-        if not isinstance(each, Callback):
-            raise ValueError(f"callbacks must be ktrainer Callback instances; got {type(each).__name__}.")
+    given = []
+    for each in callbacks or []:
+        if isinstance(each, keras.callbacks.Callback):
+            each = wrap_keras_callback(each)
+        elif not isinstance(each, Callback):
+            raise ValueError(f"callbacks must be ktrainer or Keras callbacks (kt.callbacks.Callback, "
+                             f"keras.callbacks.Callback); got {type(each).__name__}.")
+        given.append(each)
     has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in given)
     if has_checkpoint and not checkpointing:
         raise ValueError("callbacks holds a ModelCheckpoint but enable_checkpointing=False; drop one of the two.")

@@ -36,7 +36,7 @@ from tests.helpers import Classifier, Regressor, read_scalars, regression_data
         ({"fast_dev_run": -1}, "fast_dev_run must be"),
         ({"default_root_dir": ""}, "default_root_dir must be a non-empty"),
         ({"logger": "tensorboard"}, "logger must be True, False, a ktrainer Logger"),
-        ({"callbacks": [object()]}, "callbacks must be ktrainer Callback instances"),
+        ({"callbacks": [object()]}, "callbacks must be ktrainer or Keras callbacks"),
     ],
 )
 def test_bad_trainer_arguments_are_value_errors(tmp_path, kwargs, match):

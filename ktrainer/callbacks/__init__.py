@@ -2,8 +2,9 @@
 
 from ktrainer.callbacks.callback import Callback
 from ktrainer.callbacks.early_stopping import EarlyStopping
+from ktrainer.callbacks.keras_adapter import KerasCallback
 from ktrainer.callbacks.lr_monitor import LearningRateMonitor
 from ktrainer.callbacks.model_checkpoint import ModelCheckpoint
 from ktrainer.callbacks.progress_bar import ProgressBar
 
-__all__ = ["Callback", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar"]
+__all__ = ["Callback", "EarlyStopping", "KerasCallback", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar"]

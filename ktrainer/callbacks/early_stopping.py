@@ -6,8 +6,10 @@ import logging
 import math
 from typing import Any
 
+import numpy as np
+
 from ktrainer.callbacks.callback import Callback
-from ktrainer.errors import check_choice, check_int
+from ktrainer.errors import check_bool, check_choice, check_int
 
 __all__ = ["EarlyStopping"]
 
@@ -26,13 +28,15 @@ class EarlyStopping(Callback):
         patience: Checks without improvement before stopping.
         min_delta: The least change that counts as an improvement.
         strict: Raise if `monitor` is not among the metrics when a check happens.
+        restore_best_weights: When it stops the run, put back the model's weights of its best
+            check (as Keras's EarlyStopping does); a checkpoint keeps them.
 
     Raises:
         ValueError: For a bad `mode`, `patience` or `min_delta`.
     """
 
     def __init__(self, monitor: str = "val/loss", mode: str = "min", patience: int = 3,
-                 min_delta: float = 0.0, strict: bool = True) -> None:
+                 min_delta: float = 0.0, strict: bool = True, restore_best_weights: bool = False) -> None:
         self.monitor = monitor
         self.mode = check_choice("mode", mode, ("min", "max"))
         self.patience = check_int("patience", patience, minimum=0)
@@ -43,18 +47,20 @@ class EarlyStopping(Callback):
         self.best = math.inf if mode == "min" else -math.inf
         self.wait = 0
         self.stopped_epoch: int | None = None
+        self.restore_best_weights = check_bool("restore_best_weights", restore_best_weights)
+        self.best_weights: list[np.ndarray] | None = None
 
     def on_validation_end(self, trainer: Any, module: Any) -> None:
         """Check the monitored metric after a validation at an epoch end."""
         if trainer.state.stage == "fit" and trainer.state.at_epoch_end:
-            self._check(trainer)
+            self._check(trainer, module)
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         """Check at epoch end when the epoch had no validation."""
         if not trainer.state.validated_this_epoch:
-            self._check(trainer)
+            self._check(trainer, module)
 
-    def _check(self, trainer: Any) -> None:
+    def _check(self, trainer: Any, module: Any) -> None:
         value = trainer.callback_metrics.get(self.monitor)
         if value is None:
             if self.strict:
@@ -68,11 +74,16 @@ class EarlyStopping(Callback):
             value > self.best + self.min_delta)
         if improved:
             self.best, self.wait = float(value), 0
+            if self.restore_best_weights:
+                self.best_weights = [np.array(w, copy=True) for w in module.model.get_weights()]
             return
         self.wait += 1
         if self.wait >= self.patience:
             self.stopped_epoch = trainer.current_epoch
             trainer.should_stop = True
+            if self.restore_best_weights and self.best_weights is not None:
+                module.model.set_weights(self.best_weights)
+                log.info("EarlyStopping: restored the weights of the best check (%s=%.6g).", self.monitor, self.best)
             log.info("EarlyStopping: %s did not improve for %d checks (best %.6g); stopping.",
                      self.monitor, self.wait, self.best)
 
@@ -82,11 +93,16 @@ class EarlyStopping(Callback):
         return self._state_key_with(monitor=self.monitor, mode=self.mode)
 
     def state_dict(self) -> dict[str, Any]:
-        """Best value, checks waited and the epoch it stopped at."""
-        return {"best": self.best, "wait": self.wait, "stopped_epoch": self.stopped_epoch}
+        """Best value, checks waited, the epoch it stopped at, and the best weights when it keeps them."""
+        state = {"best": self.best, "wait": self.wait, "stopped_epoch": self.stopped_epoch}
+        if self.best_weights is not None:
+            state["best_weights"] = self.best_weights
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `best`, `wait` and `stopped_epoch`."""
         self.best = float(state["best"])
         self.wait = int(state["wait"])
         self.stopped_epoch = state.get("stopped_epoch")
+        weights = state.get("best_weights")
+        self.best_weights = [np.array(w, copy=True) for w in weights] if weights is not None else None

@@ -22,7 +22,7 @@ def current_learning_rate(optimizer: Any) -> float:
 
 
 class LearningRateMonitor(Callback):
-    """Logs the learning rate as `lr-{OptimizerClass}` to every logger.
+    """Logs the learning rate as `lr-{OptimizerClass}` to every logger (`lr-Adam`, `lr-Adam-1`, ... with several).
 
     The Trainer adds one (logging at each log step) when it has a logger and none was given.
 
@@ -48,6 +48,10 @@ class LearningRateMonitor(Callback):
             self._log(trainer)
 
     def _log(self, trainer: Any) -> None:
-        optimizer = trainer.optimizer
-        inner = getattr(optimizer, "inner_optimizer", optimizer)
-        trainer.log_metrics({f"lr-{type(inner).__name__}": current_learning_rate(optimizer)})
+        rates, seen = {}, {}
+        for optimizer in trainer.optimizers:
+            inner = getattr(optimizer, "inner_optimizer", optimizer)
+            kind = type(inner).__name__
+            seen[kind] = seen.get(kind, 0) + 1
+            rates[f"lr-{kind}" if seen[kind] == 1 else f"lr-{kind}-{seen[kind] - 1}"] = current_learning_rate(optimizer)
+        trainer.log_metrics(rates)

@@ -1,0 +1,162 @@
+"""Keras callbacks (`keras.callbacks.*`) in a ktrainer run: each Keras hook at its equivalent point.
+
+The wrapped callback sees `self.model` (the module's model, whose `optimizer` is the module's
+optimizer, so ReduceLROnPlateau and LearningRateScheduler change the real learning rate, which
+checkpoints keep) and `logs` with Keras's names as well as ktrainer's: "train/loss_epoch" is also
+"loss", "val/loss" also "val_loss", "val/acc" also "val_acc", "train/acc_step" also "acc" in a
+batch's logs. Setting `model.stop_training = True` stops the run at the next check.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+
+from ktrainer.callbacks.callback import Callback
+
+__all__ = ["KerasCallback", "wrap_keras_callback", "REFUSED"]
+
+# Keras callbacks that cannot work inside a ktrainer run, and what does their job here.
+REFUSED = {
+    "BackupAndRestore": "ktrainer's checkpoints already resume exactly: trainer.fit(module, ckpt_path='last')",
+    "ModelCheckpoint": "kt.callbacks.ModelCheckpoint (full training state, any fsspec URL, exact resume; "
+                       "export_keras=True also writes .keras files)",
+    "TensorBoard": "kt.loggers.TensorBoardLogger (on by default: Trainer(logger=True))",
+    "ProgbarLogger": "the Trainer's own progress bar (Trainer(enable_progress_bar=True))",
+    "History": "the History that trainer.fit(...) returns",
+}
+
+
+def keras_names(values: dict[str, float]) -> dict[str, float]:
+    """`values` with Keras's names added: "train/x_epoch"/"train/x_step"/"train/x" -> "x", "val/x" -> "val_x",
+    "test/x" -> "x"; names that need no change stay once."""
+    logs = dict(values)
+    for name, value in values.items():
+        stage, _, rest = name.partition("/")
+        if not rest:
+            continue
+        rest = rest.removesuffix("_epoch").removesuffix("_step")
+        keras_name = {"train": rest, "val": f"val_{rest}", "test": rest}.get(stage)
+        if keras_name is not None and keras_name not in values:
+            logs[keras_name] = value
+    return logs
+
+
+def wrap_keras_callback(callback: Any) -> KerasCallback:
+    """Wrap a `keras.callbacks.Callback`; refuse, naming ktrainer's equivalent, those that cannot work here.
+
+    Raises:
+        ValueError: For BackupAndRestore, Keras's ModelCheckpoint and TensorBoard, ProgbarLogger, History.
+    """
+    for kind in type(callback).__mro__:
+        if kind.__module__.startswith("keras") and kind.__name__ in REFUSED:
+            raise ValueError(f"callbacks: keras.callbacks.{kind.__name__} cannot work in a ktrainer run. Use "
+                             f"{REFUSED[kind.__name__]} instead.")
+    return KerasCallback(callback)
+
+
+class KerasCallback(Callback):
+    """Runs a Keras callback inside a ktrainer run (see the module docstring for what it sees).
+
+    Args:
+        callback: The `keras.callbacks.Callback`.
+    """
+
+    def __init__(self, callback: keras.callbacks.Callback) -> None:
+        self.callback = callback
+        self._epoch_logs: dict[str, float] = {}
+
+    @property
+    def state_key(self) -> str:
+        """"Keras" and the wrapped class."""
+        return f"Keras{type(self.callback).__qualname__}"
+
+    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+        """Nothing yet: the model exists once the Trainer built it."""
+
+    def _attach(self, trainer: Any, module: Any) -> None:
+        model = module.model
+        if trainer.optimizer is not None:
+            model.optimizer = trainer.optimizer
+        model.stop_training = False
+        self.callback.set_model(model)
+        self.callback.set_params({"epochs": trainer.max_epochs, "steps": trainer.num_training_batches, "verbose": 0})
+
+    def _stop_if_asked(self, trainer: Any, module: Any) -> None:
+        if getattr(module.model, "stop_training", False):
+            trainer.should_stop = True
+
+    def on_fit_start(self, trainer: Any, module: Any) -> None:
+        """`on_train_begin`."""
+        self._attach(trainer, module)
+        self.callback.on_train_begin(logs={})
+
+    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+        """`on_epoch_begin`."""
+        self._epoch_logs = {}
+        self.callback.on_epoch_begin(trainer.current_epoch, logs={})
+        self._stop_if_asked(trainer, module)
+
+    def on_train_batch_start(self, trainer: Any, module: Any, batch_idx: int) -> None:
+        """`on_train_batch_begin`."""
+        self.callback.on_train_batch_begin(batch_idx, logs={})
+
+    def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
+        """`on_train_batch_end`, with the step's metrics."""
+        self.callback.on_train_batch_end(batch_idx, logs=keras_names(metrics))
+        self._stop_if_asked(trainer, module)
+
+    def on_validation_start(self, trainer: Any, module: Any) -> None:
+        """`on_test_begin` (Keras runs its callbacks' test hooks around fit's validation too)."""
+        if trainer.state.stage == "validate":
+            self._attach(trainer, module)
+        self.callback.on_test_begin(logs={})
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        """`on_test_end`, with the validation results."""
+        results = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        self._epoch_logs.update(results)
+        self.callback.on_test_end(logs=keras_names(results))
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        """`on_epoch_end`, with the epoch's metrics and its validation's, under Keras's names too."""
+        logs = {k: v for k, v in trainer.callback_metrics.items() if k.endswith("_epoch") or k.startswith("val/")}
+        logs = keras_names({**logs, **self._epoch_logs})
+        self.callback.on_epoch_end(trainer.current_epoch, logs={k: v for k, v in logs.items() if math.isfinite(v)})
+        self._stop_if_asked(trainer, module)
+
+    def on_train_end(self, trainer: Any, module: Any) -> None:
+        """`on_train_end` (e.g. Keras's EarlyStopping restores its best weights here)."""
+        self.callback.on_train_end(logs=keras_names(dict(trainer.callback_metrics)))
+
+    def on_test_start(self, trainer: Any, module: Any) -> None:
+        """`on_test_begin`."""
+        self._attach(trainer, module)
+        self.callback.on_test_begin(logs={})
+
+    def on_test_end(self, trainer: Any, module: Any) -> None:
+        """`on_test_end`, with the test results."""
+        self.callback.on_test_end(logs=keras_names({k: v for k, v in trainer.callback_metrics.items()
+                                                    if k.startswith("test/")}))
+
+    def on_predict_start(self, trainer: Any, module: Any) -> None:
+        """`on_predict_begin`."""
+        self._attach(trainer, module)
+        self.callback.on_predict_begin(logs={})
+
+    def on_predict_end(self, trainer: Any, module: Any) -> None:
+        """`on_predict_end`."""
+        self.callback.on_predict_end(logs={})
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped callback's plain attributes (numbers, strings: e.g. ReduceLROnPlateau's `wait`, `best`,
+        `cooldown_counter`), so a resumed run continues its schedule."""
+        return {name: value for name, value in vars(self.callback).items()
+                if isinstance(value, bool | int | float | str) and name not in ("_chief_worker_only",)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back the plain attributes `state_dict` saved."""
+        for name, value in state.items():
+            setattr(self.callback, name, value)
