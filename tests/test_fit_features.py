@@ -122,6 +122,29 @@ def test_model_losses_are_added_unless_the_module_adds_them_itself():
         added.callback_metrics["train/loss_step"] - added.callback_metrics["train/reg_loss_step"], rel=1e-5)
 
 
+class Penalty(keras.layers.Layer):
+    """Adds a constant penalty in its compute dtype (float16 under "16-mixed"), as an activity regularizer does."""
+
+    def call(self, x):
+        self.add_loss(keras.ops.cast(40000.0, self.compute_dtype))
+        return x
+
+
+class Penalized(Classifier):
+    def build(self):
+        return keras.Sequential([keras.layers.Input((20,)), keras.layers.Dense(16, activation="relu"), Penalty(),
+                                 Penalty(), keras.layers.Dense(3, dtype="float32")])
+
+
+def test_float16_penalties_are_summed_in_float32_under_16_mixed():
+    module = Penalized()
+    run = quiet_trainer(max_steps=2, seed=0, precision="16-mixed", enable_checkpointing=False, log_every_n_steps=1)
+    run.fit(module)
+    assert {keras.backend.standardize_dtype(term.dtype) for term in module.model.losses} == {"float16"}
+    assert run.callback_metrics["train/reg_loss_step"] == 80000.0  # float16's largest is 65504: summed in float32
+    assert run.callback_metrics["train/loss_step"] > 80000.0
+
+
 def test_history_holds_this_calls_epochs_with_nan_for_a_name_that_appears_later():
     from ktrainer.history import History
 
@@ -131,3 +154,18 @@ def test_history_holds_this_calls_epochs_with_nan_for_a_name_that_appears_later(
     assert history.epoch == [3, 4]
     assert history.history["a"] == [1.0, 2.0] and math.isnan(history.history["b"][0])
     assert np.isclose(history.history["b"][1], 5.0)
+
+
+class Averaged(Classifier):
+    def configure_optimizers(self):
+        return keras.optimizers.Adam(0.01, use_ema=True, ema_momentum=0.9)
+
+
+def test_a_run_with_ema_resumed_mid_epoch_ends_with_the_straight_runs_averaged_weights(tmp_path):
+    straight = Averaged()
+    quiet_trainer(max_epochs=2, seed=1, enable_checkpointing=False).fit(straight)
+    quiet_trainer(max_steps=3, seed=1, default_root_dir=str(tmp_path)).fit(Averaged())  # stops mid epoch 0
+    resumed = Averaged()
+    quiet_trainer(max_epochs=2, seed=1, default_root_dir=str(tmp_path)).fit(resumed, ckpt_path="last")
+    for ours, theirs in zip(resumed.model.get_weights(), straight.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(ours, theirs)

@@ -25,6 +25,7 @@ class Port(kt.Module):
     """What every port shares: the optimizer the case gives, the loss of the compiled example."""
 
     loss_fn: keras.losses.Loss
+    metric_objects: tuple = ()
 
     def configure_optimizers(self):
         return self.make_optimizer()
@@ -178,6 +179,37 @@ def test_regularizers_are_in_the_loss_as_in_fit_and_logged_apart():
     assert_same_weights(run)
     assert_same_epoch_losses(run)
     assert all(value > 0 for value in run.history["train/reg_loss_epoch"])
+    xv, yv = x[:37] - 0.2, y[:37]
+    evaluated = run.keras_model.evaluate(xv, yv, batch_size=16, verbose=0, return_dict=True)
+    validated = run.trainer.validate(run.module, data=(xv, yv))
+    assert validated["val/loss"] == pytest.approx(evaluated["loss"], abs=1e-4)  # with the penalties, as evaluate
+
+
+def kernel_regularized():
+    # fit cannot add a bfloat16 activity regularizer's term to a float32 loss under mixed_bfloat16: kernel terms only.
+    return keras.Sequential([
+        keras.Input((5,)), keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(1e-2)),
+        keras.layers.Dense(1, kernel_regularizer=keras.regularizers.L2(1e-2), dtype="float32")])
+
+
+class KernelRegularizedPort(RegularizedPort):
+    def build(self):
+        return kernel_regularized()
+
+
+def test_regularizers_under_bf16_mixed_train_as_fit_under_mixed_bfloat16():
+    keras.config.set_dtype_policy("mixed_bfloat16")  # the Keras side's policy; the Trainer sets its own
+    try:
+        x = RNG.normal(size=(64, 5)).astype("float32")
+        y = x.sum(axis=1, keepdims=True)
+        run = fit_both(kernel_regularized, KernelRegularizedPort, {"optimizer": lambda: keras.optimizers.SGD(0.05),
+                                                                  "loss": "mse"}, x, y,
+                       trainer_args={"precision": "bf16-mixed"})
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert run.module.model.layers[0].compute_dtype == "bfloat16"
+    assert_same_weights(run)
+    assert_same_epoch_losses(run)
 
 
 # ----- the functional API: two inputs, two outputs, loss_weights ----------------------------------------------------
@@ -286,13 +318,27 @@ def test_cosine_decay_with_warm_up_and_sample_weights_train_as_fit():
 # ----- Adam(use_ema=True): the averaged weights at the end, as fit leaves them -------------------------------------
 
 
+def averaging_adam():
+    return keras.optimizers.Adam(0.05, use_ema=True, ema_momentum=0.9)
+
+
 def test_an_optimizer_with_ema_ends_with_the_averaged_weights_as_fit_does():
     x = RNG.normal(size=(64, 5)).astype("float32")
     y = x[:, :1]
-    run = fit_both(small_mlp, ScheduledPort, {"optimizer": lambda: keras.optimizers.Adam(0.05, use_ema=True,
-                                                                                        ema_momentum=0.9),
-                                              "loss": "mse"}, x, y)
+    run = fit_both(small_mlp, ScheduledPort, {"optimizer": averaging_adam, "loss": "mse"}, x, y)
     assert_same_weights(run)
+
+
+def test_swap_ema_weights_validates_with_the_averages_as_fit_does():
+    x = RNG.normal(size=(64, 5)).astype("float32")
+    y = x[:, :1]
+    val_x, val_y = x[:24] + 0.1, y[:24]
+    run = fit_both(small_mlp, ScheduledPort, {"optimizer": averaging_adam, "loss": "mse"}, x, y, epochs=3,
+                   fit_args={"validation_data": (val_x, val_y), "callbacks": [keras.callbacks.SwapEMAWeights()]},
+                   trainer_args={"callbacks": [keras.callbacks.SwapEMAWeights()]}, val_data=(val_x, val_y))
+    np.testing.assert_allclose(run.history["val/loss"], run.keras_history["val_loss"], rtol=0, atol=1e-5)
+    assert_same_weights(run)
+    assert_same_epoch_losses(run)
 
 
 # ----- gradient accumulation: accumulate_grad_batches as Keras's gradient_accumulation_steps -----------------------
