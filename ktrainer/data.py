@@ -185,6 +185,43 @@ def _as_arrays(data: Any, what: str) -> Any:
     return data
 
 
+def check_validation_split(fraction: Any, val_data: Any) -> None:
+    """Check `fit(validation_split=...)`: None, or a float strictly between 0 and 1, without `val_data`.
+
+    Raises:
+        ValueError: Saying what was wrong and what is expected.
+    """
+    if fraction is None:
+        return
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 < fraction < 1.0:
+        raise ValueError(f"validation_split must be a float between 0 and 1 (the fraction of the training data "
+                         f"kept for validation, e.g. 0.2), got {fraction!r}.")
+    if val_data is not None:
+        raise ValueError(f"validation_split={fraction} and val_data both give validation data. Use one of them.")
+
+
+def split_for_validation(data: Any, fraction: float, what: str = "train_data") -> tuple[Any, Any]:
+    """Split numpy data as Keras's `validation_split` does: the last `fraction` of the examples, taken
+    before any shuffling, is the validation data.
+
+    Raises:
+        TypeError: For data that is not numpy arrays (a dataset cannot be split without reading it).
+        ValueError: When either part would be empty.
+    """
+    if isinstance(data, tf.data.Dataset | keras.utils.PyDataset):
+        raise TypeError(f"validation_split={fraction} needs numpy arrays, but {what} is a {type(data).__name__} "
+                        "(its length is not known without reading it). Pass val_data=... instead.")
+    arrays = _as_arrays(data, what)
+    total = first_dim(arrays)
+    split_at = int(np.floor(total * (1.0 - fraction)))
+    if split_at == 0 or split_at == total:
+        raise ValueError(f"validation_split={fraction} of {total} examples leaves {split_at} for training and "
+                         f"{total - split_at} for validation; each needs at least one. Use a fraction between "
+                         f"{1 / total:.3g} and {1 - 1 / total:.3g}.")
+    return (tf.nest.map_structure(lambda a: a[:split_at], arrays),
+            tf.nest.map_structure(lambda a: a[split_at:], arrays))
+
+
 def batches_per_epoch(source: BatchSource, limit: int | float | None) -> int | None:
     """Batches per epoch of `source` under a limit (an int count or a float fraction); None when unknown.
 

@@ -45,9 +45,10 @@ class Module:
             Set it to False in a Module that adds them itself.
 
     Hooks are called in this order by `Trainer.fit`:
-    `setup` -> `build` -> `configure_optimizers` -> `train_data` / `val_data` ->
-    (`on_train_epoch_start` -> `training_step`... -> `validation_step`... -> `on_train_epoch_end`)
-    per epoch -> `teardown`.
+    `setup` -> `train_data` / `val_data` -> `build` -> `configure_optimizers` ->
+    (`on_train_epoch_start` -> `training_step`... -> [`on_validation_epoch_start` ->
+    `validation_step`... -> `on_validation_epoch_end`] -> `on_train_epoch_end`) per epoch ->
+    `teardown`. docs/guide.md ("Order of hooks") shows them with the callbacks' hooks.
     """
 
     automatic_optimization: bool = True

@@ -20,7 +20,7 @@ from ktrainer.checkpoint.format import checkpoint_name
 from ktrainer.checkpoint.resume import Resumable, check_ckpt_path, find_checkpoint
 from ktrainer.checkpoint.variables import assign_all, keyed, mismatches
 from ktrainer.components import adopt_class_keys, check_checkpoint_dirs, check_global_batch, check_keys, unique_keys
-from ktrainer.data import BatchSource, batches_per_epoch
+from ktrainer.data import BatchSource, batches_per_epoch, check_validation_split, split_for_validation
 from ktrainer.errors import (
     check_bool,
     check_choice,
@@ -393,7 +393,8 @@ class Trainer:
         return precision_report(module.model)
 
     def fit(self, module: Module, train_data: Any = None, val_data: Any = None,
-            ckpt_path: str | os.PathLike | None = None, shuffle: bool | None = None) -> History:
+            ckpt_path: str | os.PathLike | None = None, shuffle: bool | None = None,
+            validation_split: float | None = None) -> History:
         """Train `module`: build it, then run epochs of training (and validation) until a limit.
 
         Args:
@@ -405,6 +406,8 @@ class Trainer:
                 checkpoint's path or URI: the run continues as if it had never stopped.
             shuffle: Shuffle numpy training data each epoch (Keras's name). None: True, or what
                 the checkpoint resumed from was trained with (a checkpoint keeps it).
+            validation_split: A fraction between 0 and 1: the last part of numpy training data,
+                taken before shuffling, validates instead of training (Keras's name and meaning).
 
         Returns:
             A `History` of this call's epochs (`history.history["val/loss"]`, ...).
@@ -420,6 +423,7 @@ class Trainer:
         ckpt_path = check_ckpt_path(ckpt_path)
         if shuffle is not None:
             check_bool("shuffle", shuffle)
+        check_validation_split(validation_split, val_data)
         self.run = RunIdentity()
         self.history = History()
         with self._run("fit", module), SignalWatcher(self.preemption_signals) as self._signals:
@@ -428,6 +432,8 @@ class Trainer:
                 check_global_batch(resumed.state["progress"], resumed.state["run"]["global_batch_size"],
                                    self.global_batch_size, allow_change=False)
             self.shuffle = _shuffle_setting(shuffle, resumed)
+            if validation_split is not None:
+                train_data, val_data = self._split(module, train_data, validation_split)
             train = self._source(train_data, module.train_data, "train_data", training=True, required=True)
             val = None
             if self.limit_val_batches != 0:
@@ -847,6 +853,19 @@ class Trainer:
         if with_optimizer:
             for line in hardware_advice(self.precision.name, self.precision.compute_dtype, visible_accelerators()):
                 log.warning(line)
+
+    @staticmethod
+    def _split(module: Module, train_data: Any, fraction: float) -> tuple[Any, Any]:
+        """`validation_split`: the given (or the module's) training data, split; a module's own validation data
+        alongside it is an error, as two sources of validation data would be a surprise."""
+        if module.val_data() is not None:
+            raise ValueError(f"validation_split={fraction} and {type(module).__name__}.val_data() both give "
+                             "validation data. Use one: drop validation_split, or return None from val_data().")
+        data = train_data if train_data is not None else module.train_data()
+        if data is None:
+            raise ValueError(f"validation_split={fraction} has no training data to split: pass "
+                             "trainer.fit(module, train_data=...) or return it from the module's train_data().")
+        return split_for_validation(data, fraction)
 
     def _source(self, given: Any, hook: Any, what: str, *, training: bool, required: bool) -> BatchSource | None:
         data = given if given is not None else hook()

@@ -169,3 +169,35 @@ def test_a_run_with_ema_resumed_mid_epoch_ends_with_the_straight_runs_averaged_w
     quiet_trainer(max_epochs=2, seed=1, default_root_dir=str(tmp_path)).fit(resumed, ckpt_path="last")
     for ours, theirs in zip(resumed.model.get_weights(), straight.model.get_weights(), strict=True):
         np.testing.assert_array_equal(ours, theirs)
+
+
+class TrainDataOnly(Classifier):
+    def val_data(self):
+        return None
+
+
+@pytest.mark.parametrize(("fraction", "message"), [
+    (0.0, "validation_split must be a float between 0 and 1"),
+    (1.5, "validation_split must be a float between 0 and 1"),
+    ("0.2", "validation_split must be a float between 0 and 1"),
+    (0.999, "leaves 0 for training and 256 for validation"),
+])
+def test_a_wrong_validation_split_is_an_error_before_anything_is_written(tmp_path, fraction, message):
+    run = quiet_trainer(max_steps=1, default_root_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=message):
+        run.fit(TrainDataOnly(), validation_split=fraction)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_validation_split_with_other_validation_data_or_a_dataset_is_an_error(tmp_path):
+    import tensorflow as tf
+
+    run = quiet_trainer(max_steps=1, default_root_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="Classifier.val_data\\(\\) both give validation data"):
+        run.fit(Classifier(), validation_split=0.2)
+    x, y = np.zeros((10, 20), "float32"), np.zeros(10, "int32")
+    with pytest.raises(ValueError, match="validation_split=0.2 and val_data both"):
+        run.fit(Classifier(), train_data=(x, y), val_data=(x, y), validation_split=0.2)
+    with pytest.raises(TypeError, match="needs numpy arrays, but train_data is a"):
+        run.fit(TrainDataOnly(), train_data=tf.data.Dataset.from_tensor_slices((x, y)).batch(2), validation_split=0.2)
+    assert list(tmp_path.iterdir()) == []

@@ -126,11 +126,15 @@ class TwoOptimizersAutomatic(kt.Module):
         return keras.ops.mean(self.model(batch[0]))
 
 
-def test_several_optimizers_need_manual_optimization_and_say_so():
+def fit_one_step(module: kt.Module) -> None:
     data = (np.zeros((8, 2), np.float32), np.zeros(8, np.float32))
-    trainer = kt.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False)
+    kt.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False).fit(
+        module, train_data=data)
+
+
+def test_several_optimizers_need_manual_optimization_and_say_so():
     with pytest.raises(TypeError, match="returned 2 optimizers.*automatic_optimization = False.*self.manual_step"):
-        trainer.fit(TwoOptimizersAutomatic(), train_data=data)
+        fit_one_step(TwoOptimizersAutomatic())
 
 
 class ForgetsToUpdate(TwoOptimizersAutomatic):
@@ -141,10 +145,8 @@ class ForgetsToUpdate(TwoOptimizersAutomatic):
 
 
 def test_manual_optimization_without_any_update_is_an_error():
-    data = (np.zeros((8, 2), np.float32), np.zeros(8, np.float32))
-    trainer = kt.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False)
     with pytest.raises(ValueError, match="training_step made no update.*self.manual_step"):
-        trainer.fit(ForgetsToUpdate(), train_data=data)
+        fit_one_step(ForgetsToUpdate())
 
 
 def test_manual_step_outside_manual_optimization_says_how_to_turn_it_on():

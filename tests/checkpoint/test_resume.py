@@ -62,8 +62,13 @@ def straight_16(tmp_path_factory):
     return leg(folder, folder / "run", N, "16-mixed")
 
 
-@pytest.mark.parametrize("precision", ["32-true", "16-mixed"])
-@pytest.mark.parametrize("k", [5, 7], ids=["epoch-boundary", "mid-epoch"])
+# Each precision at one position in the default run; the other two combinations with -m slow.
+@pytest.mark.parametrize(("k", "precision"), [
+    pytest.param(5, "32-true", id="epoch-boundary-32-true"),
+    pytest.param(7, "16-mixed", id="mid-epoch-16-mixed"),
+    pytest.param(7, "32-true", id="mid-epoch-32-true", marks=pytest.mark.slow),
+    pytest.param(5, "16-mixed", id="epoch-boundary-16-mixed", marks=pytest.mark.slow),
+])
 def test_a_new_process_resuming_equals_the_straight_run(request, precision, k, tmp_path):
     whole = request.getfixturevalue("straight_32" if precision == "32-true" else "straight_16")
     first = inline(tmp_path / "run", k, precision)

@@ -48,7 +48,8 @@ def from_weights(module_class: type, values: list[np.ndarray]) -> type:
 
 def fit_both(build: Callable[[], keras.Model], module_class: type, compile_args: dict, x: Any, y: Any = None, *,
              epochs: int = 2, batch_size: int = 16, fit_args: dict | None = None, trainer_args: dict | None = None,
-             train_data: Any = None, val_data: Any = None, module_args: dict | None = None) -> Run:
+             train_data: Any = None, val_data: Any = None, module_args: dict | None = None,
+             our_fit_args: dict | None = None) -> Run:
     """model.fit the example, then trainer.fit its port from the same initial weights.
 
     Args:
@@ -65,6 +66,7 @@ def fit_both(build: Callable[[], keras.Model], module_class: type, compile_args:
         train_data: ktrainer's training data; default `(x, y)` (or `x`).
         val_data: ktrainer's validation data.
         module_args: The Module's constructor arguments.
+        our_fit_args: More `trainer.fit` arguments (validation_split).
     """
     keras.utils.set_random_seed(0)
     model = build()
@@ -79,7 +81,7 @@ def fit_both(build: Callable[[], keras.Model], module_class: type, compile_args:
                          enable_checkpointing=False, **(trainer_args or {}))
     if train_data is None:
         train_data = x if y is None else (x, y)
-    ours = trainer.fit(module, train_data=train_data, val_data=val_data, shuffle=False)
+    ours = trainer.fit(module, train_data=train_data, val_data=val_data, shuffle=False, **(our_fit_args or {}))
     return Run(model, history.history, module, trainer, ours.history)
 
 

@@ -315,6 +315,16 @@ def test_cosine_decay_with_warm_up_and_sample_weights_train_as_fit():
     assert_same_epoch_losses(run)
 
 
+def test_validation_split_holds_out_the_same_examples_as_fit():
+    x = RNG.normal(size=(70, 5)).astype("float32")
+    y = x[:, :1] * 2.0
+    run = fit_both(small_mlp, ScheduledPort, {"optimizer": lambda: keras.optimizers.Adam(0.01), "loss": "mse"},
+                   x, y, epochs=2, fit_args={"validation_split": 0.3}, our_fit_args={"validation_split": 0.3})
+    assert_same_weights(run)
+    assert_same_epoch_losses(run)
+    np.testing.assert_allclose(run.history["val/loss"], run.keras_history["val_loss"], rtol=0, atol=1e-5)
+
+
 # ----- Adam(use_ema=True): the averaged weights at the end, as fit leaves them -------------------------------------
 
 
