@@ -1,9 +1,19 @@
-"""Train one module twice, float32 and a lower precision, and say whether the lower one tracks it."""
+"""Train one module twice, float32 and a lower precision, and say whether the lower one tracks it.
+
+Each run trains in a process of its own, so each one's peak memory is its own.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import logging
 import math
+import multiprocessing
+import pickle
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from ktrainer.callbacks import Callback
-from ktrainer.errors import check_int
+from ktrainer.errors import check_bool, check_int
+from ktrainer.fs import Location
 from ktrainer.loggers import TensorBoardLogger
 from ktrainer.module import Module
 from ktrainer.precision import resolve_precision
@@ -21,6 +32,9 @@ from ktrainer.trainer import Trainer
 __all__ = ["compare_precision", "PrecisionComparison"]
 
 BASELINE = "32-true"
+PLOT_HINT = "pip install ktrainer[plot] adds a PNG of the two loss curves"
+
+log = logging.getLogger("ktrainer")
 
 
 @dataclass
@@ -52,6 +66,7 @@ class PrecisionComparison:
         baseline: The float32 run.
         run: The lower-precision run.
         tolerance: The mean relative gap allowed for "tracks".
+        plot: Where the PNG of both loss curves was written; None without a `root` or matplotlib.
     """
 
     precision: str
@@ -65,6 +80,7 @@ class PrecisionComparison:
     baseline: RunRecord
     run: RunRecord
     tolerance: float = field(default=0.05)
+    plot: str | None = None
 
     def report(self) -> str:
         """A human-readable report, one fact per line."""
@@ -90,7 +106,47 @@ class PrecisionComparison:
         if self.baseline.log_dir:
             root = self.baseline.log_dir.rsplit("/", 2)[0]
             lines.append(f"  curves: tensorboard --logdir {root}")
+            lines.append(f"  plot: {self.plot or PLOT_HINT}")
         return "\n".join(lines)
+
+    def save_plot(self, root: str, storage_options: dict[str, Any] | None = None) -> str | None:
+        """Write a PNG of both loss curves (x: step, a line per precision) under `root`, a path or fsspec URL.
+
+        Returns:
+            The PNG's path or URL, also kept as `plot`; None when matplotlib is not installed
+            (`pip install ktrainer[plot]`).
+        """
+        png = _loss_plot_png(self.baseline, self.run, self.warmup)
+        if png is None:
+            return None
+        location = Location(root, dict(storage_options or {}))
+        name = f"loss-{BASELINE}-vs-{self.precision}.png"
+        location.write_bytes(name, png)
+        self.plot = location.join(name).url
+        return self.plot
+
+
+def _loss_plot_png(baseline: RunRecord, run: RunRecord, warmup: int) -> bytes | None:
+    try:  # imported here: matplotlib is optional, and its Agg canvas leaves the user's pyplot backend alone
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    figure = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    for record, style in ((baseline, {"linewidth": 2.6, "alpha": 0.5}), (run, {"linewidth": 1.2})):
+        losses = np.asarray(record.losses, dtype=np.float64)
+        losses[~np.isfinite(losses)] = np.nan  # a gap in the line where the loss was inf or NaN
+        axes.plot(np.arange(1, len(losses) + 1), losses, label=record.precision, **style)  # wide under narrow
+    if warmup:
+        axes.axvline(warmup + 0.5, color="grey", linestyle=":", linewidth=1, label="end of warm-up")
+    axes.set(xlabel="step", ylabel="training loss", title=f"compare-precision: {run.precision} against {BASELINE}")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
 
 
 class _LossTimer(Callback):
@@ -105,6 +161,7 @@ class _LossTimer(Callback):
 
 def _run(make_module: Callable[[], Module], precision: str, steps: int, warmup: int, root: str | None,
          trainer_kwargs: dict[str, Any]) -> RunRecord:
+    """One run, in this process; its peak memory is this process's since the run started."""
     timer = _LossTimer()
     logger = TensorBoardLogger(save_dir=root, name=precision) if root else False
     trainer = Trainer(precision=precision, max_steps=steps, steps_per_execution=1, log_every_n_steps=1,
@@ -112,11 +169,140 @@ def _run(make_module: Callable[[], Module], precision: str, steps: int, warmup: 
                       **trainer_kwargs)
     reset_peak_memory()
     trainer.fit(make_module())
-    peak, measure = peak_memory()
+    peak, measure = _peak_memory()
     timed = len(timer.times) - 1 - warmup
     speed = timed / (timer.times[-1] - timer.times[warmup]) if timed > 0 else float("nan")
     return RunRecord(precision, timer.losses, speed, trainer.skipped_steps, peak, measure,
                      logger.log_dir if logger else None)
+
+
+def _peak_memory() -> tuple[int | None, str]:
+    # On Linux, /proc's VmHWM (`peak_memory`), not getrusage's ru_maxrss: a spawned child's ru_maxrss starts
+    # at its parent's peak (the kernel carries it across exec), VmHWM at its own. getrusage where /proc is
+    # missing (macOS, in bytes there).
+    peak, measure = peak_memory()
+    if peak is None:
+        try:
+            import resource
+        except ImportError:
+            return peak, measure
+        scale = 1 if sys.platform == "darwin" else 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "process peak RSS (getrusage)"
+    return peak, measure
+
+
+class _CannotIsolate(Exception):
+    """The module factory or the Trainer arguments cannot be run in a process of their own."""
+
+
+def _run_in_child(connection: Any, payload: bytes, precision: str, steps: int, warmup: int,
+                  root: str | None) -> None:
+    """A child process's side of `_run_isolated`: load what the parent sent, run, send the record or the error."""
+    try:
+        make_module, trainer_kwargs = pickle.loads(payload)
+    except Exception as error:
+        connection.send(("unloadable", f"{type(error).__name__}: {error}"))
+        return
+    connection.send(("started", None))
+    try:
+        record = _run(make_module, precision, steps, warmup, root, trainer_kwargs)
+    except BaseException as error:  # the parent raises it, with this traceback
+        connection.send(("failed", _sendable(error), traceback.format_exc()))
+        return
+    measure = record.memory_measure.replace("process peak RSS", "peak RSS") + " of its own process"
+    connection.send(("done", dataclasses.replace(record, memory_measure=measure)))
+
+
+def _sendable(error: BaseException) -> BaseException:
+    try:
+        return pickle.loads(pickle.dumps(error))
+    except Exception:  # an exception that does not survive pickling arrives as its text
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def _pickled(value: Any) -> bytes:
+    try:  # optional: it also sends lambdas, closures and what a notebook or script defines, by value
+        import cloudpickle as pickler
+    except ImportError:
+        pickler = pickle
+    try:
+        return pickler.dumps(value)
+    except Exception as error:
+        raise _CannotIsolate(f"{type(error).__name__}: {error}") from None
+
+
+def _run_isolated(make_module: Callable[[], Module], precision: str, steps: int, warmup: int, root: str | None,
+                  trainer_kwargs: dict[str, Any]) -> RunRecord:
+    """One run in a fresh ("spawn") process: its peak memory is that process's alone.
+
+    Raises:
+        _CannotIsolate: When the module factory or the Trainer arguments cannot reach the process.
+    """
+    payload = _pickled((make_module, trainer_kwargs))
+    context = multiprocessing.get_context("spawn")  # a fork would start from this process's memory (and TF state)
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_run_in_child, args=(sender, payload, precision, steps, warmup, root),
+                              name=f"compare-precision-{precision}")
+    process.start()
+    sender.close()
+    try:
+        return _receive(receiver, process, precision)
+    finally:
+        receiver.close()
+        process.join(timeout=30)  # once it has answered, the process only exits
+        if process.is_alive():
+            process.terminate()
+            process.join()
+
+
+def _receive(receiver: Any, process: Any, precision: str) -> RunRecord:
+    started = False
+    while True:
+        try:
+            kind, *content = receiver.recv()
+        except EOFError:
+            process.join()
+            if not started:
+                raise _CannotIsolate(f"its process exited with status {process.exitcode} before running "
+                                     "(the error is above)") from None
+            raise RuntimeError(f"The {precision} run's process ended with status {process.exitcode} and no "
+                               "result (killed, e.g. out of memory?).") from None
+        if kind == "unloadable":
+            raise _CannotIsolate(f"its process could not load the module: {content[0]}")
+        if kind == "failed":
+            error, child_traceback = content
+            error.add_note(f"In the {precision} run's process:\n{child_traceback}")
+            raise error
+        if kind == "done":
+            return content[0]
+        started = True
+
+
+def _run_here(module: Callable[[], Module], precision: str, steps: int, warmup: int, root: str | None,
+              trainer_kwargs: dict[str, Any]) -> tuple[RunRecord, RunRecord]:
+    shared = [_run(module, name, steps, warmup, root, trainer_kwargs) for name in (BASELINE, precision)]
+    return tuple(dataclasses.replace(record, memory_measure=f"{record.memory_measure}, shared by both runs")
+                 for record in shared)
+
+
+def _run_both(module: Callable[[], Module], precision: str, steps: int, warmup: int, root: str | None,
+              trainer_kwargs: dict[str, Any], isolate: bool) -> tuple[RunRecord, RunRecord]:
+    """The float32 run, then the lower precision's, each in its own process where the module can be sent there."""
+    if not isolate:
+        return _run_here(module, precision, steps, warmup, root, trainer_kwargs)
+    try:
+        baseline = _run_isolated(module, BASELINE, steps, warmup, root, trainer_kwargs)
+    except _CannotIsolate as reason:
+        log.warning("compare-precision runs both precisions in this process (%s): each peak memory is this "
+                    "process's, shared by both runs. Pass a Module class, or a function or functools.partial "
+                    "defined in an importable module, to measure each run in its own process.", reason)
+        return _run_here(module, precision, steps, warmup, root, trainer_kwargs)
+    try:
+        run = _run_isolated(module, precision, steps, warmup, root, trainer_kwargs)
+    except _CannotIsolate as reason:
+        raise RuntimeError(f"The {precision} run could not run in a process of its own ({reason}); the "
+                           f"{BASELINE} run did.") from None
+    return baseline, run
 
 
 def compare_precision(
@@ -127,12 +313,20 @@ def compare_precision(
     warmup: int | None = None,
     tolerance: float = 0.05,
     root: str | None = "runs/compare-precision",
+    isolate: bool = True,
     **trainer_kwargs: Any,
 ) -> PrecisionComparison:
     """Train the same module on the same data and seed in float32 and in `precision`, and compare.
 
     Both runs log to TensorBoard under `root` (`{root}/32-true/...`, `{root}/16-mixed/...`), so
-    `tensorboard --logdir root` overlays the two loss curves.
+    `tensorboard --logdir root` overlays the two loss curves; with matplotlib installed
+    (`pip install ktrainer[plot]`), `{root}/loss-32-true-vs-16-mixed.png` shows them too.
+
+    Each run trains in a fresh process of its own ("spawn"), so its peak memory (the GPU
+    allocator's peak, or the process's peak RSS) is its own. The module therefore has to reach
+    that process: a Module class or a function importable by name (or by value with cloudpickle
+    installed); a script calls `compare_precision` under `if __name__ == "__main__":`. Where it
+    cannot, both runs train in this process, with a warning, and share its peak memory.
 
     Args:
         module: A Module class (called with no arguments) or a function returning a fresh Module.
@@ -140,7 +334,9 @@ def compare_precision(
         steps: Optimizer steps per run.
         warmup: Steps left out of the gap and the speed; default 10% of `steps`.
         tolerance: The mean relative loss gap up to which the verdict is "tracks".
-        root: Where the TensorBoard logs go; None: no logs.
+        root: Where the TensorBoard logs and the plot go; None: no files.
+        isolate: Train each run in a process of its own, so that each peak memory is its own;
+            False: both in this process (no process start; the memory is shared by both runs).
         **trainer_kwargs: Other Trainer arguments (batch_size, seed (default 0), ...).
 
     Returns:
@@ -156,8 +352,7 @@ def compare_precision(
         raise ValueError(f"warmup={warmup} leaves nothing to compare in {steps} steps; use warmup < steps - 1.")
     trainer_kwargs.setdefault("seed", 0)
     trainer_kwargs.setdefault("enable_progress_bar", False)
-    baseline = _run(module, BASELINE, steps, warmup, root, trainer_kwargs)
-    run = _run(module, precision, steps, warmup, root, trainer_kwargs)
+    baseline, run = _run_both(module, precision, steps, warmup, root, trainer_kwargs, check_bool("isolate", isolate))
     reference = np.asarray(baseline.losses[warmup:], dtype=np.float64)
     lower = np.asarray(run.losses[warmup:], dtype=np.float64)
     both_finite = np.isfinite(reference) & np.isfinite(lower)
@@ -173,5 +368,8 @@ def compare_precision(
         verdict = "no speedup on this hardware"
     else:
         verdict = "tracks"
-    return PrecisionComparison(precision, warmup, max_gap, mean_gap, non_finite, run.skipped_steps, ratio, verdict,
-                               baseline, run, tolerance)
+    result = PrecisionComparison(precision, warmup, max_gap, mean_gap, non_finite, run.skipped_steps, ratio,
+                                 verdict, baseline, run, tolerance)
+    if root:
+        result.save_plot(root, trainer_kwargs.get("storage_options"))
+    return result

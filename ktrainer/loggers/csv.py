@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from typing import Any
 
 from ktrainer.loggers.logger import Logger
@@ -17,7 +18,8 @@ class CSVLogger(Logger):
 
     The whole file is rewritten at each flush, so a metric that appears later (e.g. a
     validation metric) becomes a column of every row, and the file on an object store is
-    always complete.
+    always complete. A run resumed from a checkpoint keeps the rows its folder holds up to the
+    checkpoint's step and appends its own.
 
     Args:
         save_dir: Root directory; None: the Trainer's `default_root_dir`.
@@ -37,6 +39,8 @@ class CSVLogger(Logger):
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Add a row for `step` (merged with the previous row when it is the same step)."""
+        if not self.writes:
+            return
         if self._rows and self._rows[-1]["step"] == step:
             self._rows[-1].update(metrics)
         else:
@@ -45,8 +49,30 @@ class CSVLogger(Logger):
 
     def log_hyperparams(self, params: dict[str, Any]) -> None:
         """Write `hparams.json`."""
+        if not self.writes:
+            return
         text = json.dumps(params, indent=2, sort_keys=True, default=str)
         self.location.write_bytes(self.HPARAMS_FILE, text.encode())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The version, and the last step logged: a resumed run keeps the file's rows up to it."""
+        return {**super().state_dict(), "step": self._rows[-1]["step"] if self._rows else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the saved version (see `Logger.load_state_dict`) and, in its folder, the rows logged up to the
+        checkpoint (later ones, from a run stopped after it, are logged again)."""
+        super().load_state_dict(state)
+        if self._version == state.get("version") and not self._rows:
+            last = state.get("step", math.inf)  # a checkpoint without it: keep every row
+            self._rows = [row for row in self._saved_rows() if last is not None and row["step"] <= last]
+
+    def _saved_rows(self) -> list[dict[str, Any]]:
+        if not self.location.join(self.METRICS_FILE).exists():
+            return []
+        text = self.location.read_bytes(self.METRICS_FILE).decode()
+        # Values stay the text they were written as; an empty cell is a metric not logged at that step.
+        return [{"step": int(row["step"]), **{k: v for k, v in row.items() if k != "step" and v != ""}}
+                for row in csv.DictReader(io.StringIO(text))]
 
     def flush(self) -> None:
         """Rewrite `metrics.csv` with every row so far."""

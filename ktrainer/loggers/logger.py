@@ -16,6 +16,10 @@ class Logger:
     version folder is chosen when the Trainer first needs it: the next free number, unless
     `version` is given (a resumed run passes its own, to append to the same run).
 
+    Only the chief of a multi-worker cluster writes (see `writes`); in the other workers a
+    logger creates nothing: `log_dir` names the folder without creating it, and the logging
+    methods do nothing.
+
     Args:
         save_dir: Root directory, a local path or any fsspec URL. None: the Trainer's
             `default_root_dir`.
@@ -31,6 +35,7 @@ class Logger:
         self._version = version
         self.storage_options = dict(storage_options or {})
         self._location: Location | None = None
+        self._writes: bool | None = None
 
     def attach(self, default_root_dir: str, storage_options: dict[str, Any] | None = None) -> None:
         """Called by the Trainer: fill in `save_dir` from the Trainer's root when it was not given."""
@@ -38,6 +43,14 @@ class Logger:
             self.save_dir = default_root_dir
             if not self.storage_options:
                 self.storage_options = dict(storage_options or {})
+
+    @property
+    def writes(self) -> bool:
+        """True in the process that writes logs: the chief of a `TF_CONFIG` cluster (else worker 0),
+        or the only process. Decided at first use, by the Trainer's rule (`DevicePlan.is_chief`)."""
+        if self._writes is None:
+            self._writes = _in_chief()
+        return self._writes
 
     @property
     def version(self) -> int | str:
@@ -48,12 +61,13 @@ class Logger:
 
     @property
     def location(self) -> Location:
-        """The run's folder as a `Location` (created at first use)."""
+        """The run's folder as a `Location` (created at first use, by the chief only)."""
         if self._location is None:
             version = self.version
             folder = version if isinstance(version, str) else f"version_{version}"
             self._location = self._parent().join(folder)
-            self._location.makedirs()
+            if self.writes:
+                self._location.makedirs()
         return self._location
 
     @property
@@ -101,3 +115,10 @@ class Logger:
                 "which uses its default_root_dir."
             )
         return Location(str(self.save_dir), self.storage_options).join(self.name)
+
+
+def _in_chief() -> bool:
+    # The Trainer's rule for a multi-worker plan, which also holds without a cluster: one process is the chief.
+    from ktrainer.strategies.plan import DevicePlan  # here: it imports TensorFlow
+
+    return DevicePlan("cpu", (), "multi_worker").is_chief

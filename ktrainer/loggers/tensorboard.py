@@ -15,6 +15,8 @@ from ktrainer.loggers.logger import Logger
 
 __all__ = ["TensorBoardLogger"]
 
+EPOCH = "epoch"
+
 
 class TensorBoardLogger(Logger):
     """Writes scalars and hyperparameters as TensorBoard event files.
@@ -23,6 +25,9 @@ class TensorBoardLogger(Logger):
     gs://, memory://, ...), they are written to a local staging folder and uploaded to
     `log_dir` at each flush (every `flush_secs`, at each epoch end and when the run ends), so
     that `tensorboard --logdir` on the remote folder, or on a copy of it, shows the run.
+
+    `epoch` is written once per logged step, and the hyperparameters once per run folder: a run
+    resumed from a checkpoint appends to the same folder without a second HPARAMS session.
 
     Args:
         save_dir: Root directory; None: the Trainer's `default_root_dir`.
@@ -40,22 +45,38 @@ class TensorBoardLogger(Logger):
         self._writer = None
         self._staging: str | None = None
         self._last_flush = time.monotonic()
+        self._epoch_step: int | None = None  # the step of the last `epoch` scalar written
+        self._hparams_dir: str | None = None  # the canonical URL of the folder that holds the hyperparameters
 
     @property
     def writer(self) -> tf.summary.SummaryWriter:
-        """The summary writer (created at first use)."""
+        """The summary writer (created at first use; outside the chief, one that writes nothing)."""
         if self._writer is None:
-            location = self.location
-            if location.is_local:
-                directory = location.path
-            else:
-                self._staging = tempfile.mkdtemp(prefix="ktrainer-tb-")
-                directory = self._staging
-            self._writer = tf.summary.create_file_writer(directory, flush_millis=int(self.flush_secs * 1000))
+            self._writer = self._make_writer()
         return self._writer
 
+    def _make_writer(self) -> tf.summary.SummaryWriter:
+        location = self.location
+        if not self.writes:
+            return tf.summary.create_noop_writer()
+        if location.is_local:
+            directory = location.path
+        else:
+            self._staging = tempfile.mkdtemp(prefix="ktrainer-tb-")
+            directory = self._staging
+        return tf.summary.create_file_writer(directory, flush_millis=int(self.flush_secs * 1000))
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Write each metric as a scalar at `step`."""
+        """Write each metric as a scalar at `step`; `epoch` only at the first call for a step."""
+        if not self.writes:
+            return
+        # The Trainer adds `epoch` to every call, and a step can have several (its metrics, the
+        # learning rate, validation, the epoch's metrics): TensorBoard would hold one point per call.
+        if EPOCH in metrics:
+            if step == self._epoch_step:
+                metrics = {name: value for name, value in metrics.items() if name != EPOCH}
+            else:
+                self._epoch_step = step
         with self.writer.as_default(step=step):
             for name, value in metrics.items():
                 tf.summary.scalar(name, value)
@@ -63,12 +84,16 @@ class TensorBoardLogger(Logger):
             self.flush()
 
     def log_hyperparams(self, params: dict[str, Any]) -> None:
-        """Write the hyperparameters for TensorBoard's HPARAMS tab."""
-        if not params:
+        """Write the hyperparameters for TensorBoard's HPARAMS tab, unless the run's folder holds them already.
+
+        Each write starts an HPARAMS session, so a resumed run, which appends to its folder, writes none.
+        """
+        if not params or not self.writes or self._hparams_dir == self.location.canonical_url:
             return
         clean = {k: v if isinstance(v, bool | int | float | str) else str(v) for k, v in params.items()}
         with self.writer.as_default():
             hparams_api.hparams(clean)
+        self._hparams_dir = self.location.canonical_url
 
     def flush(self) -> None:
         """Flush the event files and, for a remote `log_dir`, upload them."""
@@ -79,6 +104,17 @@ class TensorBoardLogger(Logger):
         if self._staging is not None:
             for file_name in sorted(os.listdir(self._staging)):
                 self.location.upload(os.path.join(self._staging, file_name), file_name)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The version, and what a resumed run must not write twice: the last `epoch` step and the hyperparameters."""
+        return {**super().state_dict(), "epoch_step": self._epoch_step, "hparams_dir": self._hparams_dir}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take the saved version (see `Logger.load_state_dict`) and what the saved run wrote in its folder."""
+        super().load_state_dict(state)
+        if self._version == state.get("version"):  # appending to the saved run's folder
+            self._epoch_step = state.get("epoch_step", self._epoch_step)
+        self._hparams_dir = state.get("hparams_dir", self._hparams_dir)
 
     def finalize(self, status: str) -> None:
         """Flush, upload and close the writer."""

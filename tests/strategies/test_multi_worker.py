@@ -50,7 +50,7 @@ WORKER = textwrap.dedent("""
         np.savez(os.path.join(out, f"weights_{index}.npz"), *module.model.get_weights())
         with open(os.path.join(out, f"stopped_{index}.json"), "w") as f:
             json.dump({"step": trainer.global_step, "checkpoint": stop.checkpoint, "chief": trainer.is_global_zero,
-                       "global_batch": trainer.global_batch_size}, f)
+                       "global_batch": trainer.global_batch_size, "log_dir": trainer.logger.log_dir}, f)
         raise
 """)
 
@@ -65,12 +65,14 @@ def test_two_workers_train_alike_only_the_chief_writes_and_both_stop_on_one_pree
                                 sys.executable, str(script), str(root), str(out)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=env)
     lines = Lines(process)
-    line = lines.wait_for(lambda line: line.startswith("worker 1 ") and int(line.split()[-1]) >= 6)
-    os.kill(int(line.split()[3]), signal.SIGTERM)  # only the second worker gets the notice
+    # launch prefixes each line with the worker's index: "[worker 1] worker 1 pid P step S"
+    line = lines.wait_for(lambda line: line.startswith("[worker 1] worker 1 ") and int(line.split()[-1]) >= 6)
+    os.kill(int(line.split()[5]), signal.SIGTERM)  # only the second worker gets the notice
     lines.rest()
     stderr = process.stderr.read()
     assert process.wait(timeout=240) == 143, stderr[-4000:]
     assert "the workers stopped on a preemption signal (status 143)" in stderr
+    assert all(line.startswith(("[worker 0] ", "[worker 1] ")) for line in lines.seen)
 
     stopped = [json.loads((out / f"stopped_{i}.json").read_text()) for i in range(2)]
     step = stopped[0]["step"]
@@ -84,6 +86,8 @@ def test_two_workers_train_alike_only_the_chief_writes_and_both_stop_on_one_pree
     io = FsspecCheckpointIO(Location(str(root / "checkpoints")))
     assert any(info.valid and info.step == step for info in io.list(checksums=True))
     assert sorted(os.listdir(root)) == ["checkpoints", "tensorboard"]
+    # One version folder, the chief's, though the other worker asked for its log_dir too.
     assert os.listdir(root / "tensorboard") == ["version_0"]
+    assert stopped[0]["log_dir"] == str(root / "tensorboard" / "version_0")
     events = [f for f in os.listdir(root / "tensorboard" / "version_0") if f.startswith("events.out.tfevents")]
     assert len(events) == 1  # one writer, the chief
