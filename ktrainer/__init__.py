@@ -1,25 +1,64 @@
-"""ktrainer: a Trainer for Keras 3 that does the engineering (precision, devices, logging, checkpoints)."""
+"""ktrainer: a Trainer for Keras 3 that does the engineering (precision, devices, logging, checkpoints).
+
+The public names are loaded on first use: `import ktrainer` stays cheap, so the command line's
+`--help` answers at once; Keras (and TensorFlow with it) is imported when the first of them is
+touched, e.g. `ktrainer.Trainer`.
+"""
+
+from __future__ import annotations
 
 import os
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
+if TYPE_CHECKING:
+    from ktrainer import callbacks, loggers, precision
+    from ktrainer.compare_precision import PrecisionComparison, compare_precision
+    from ktrainer.module import Module
+    from ktrainer.preemption import Preempted
+    from ktrainer.trainer import Trainer
 
-if keras.backend.backend() != "tensorflow":
-    raise ImportError(
-        f"ktrainer runs Keras on the TensorFlow backend, but Keras was started with the "
-        f"{keras.backend.backend()!r} backend. Set KERAS_BACKEND=tensorflow before importing keras."
-    )
-
-from ktrainer import callbacks, loggers, precision  # noqa: E402
-from ktrainer.compare_precision import PrecisionComparison, compare_precision  # noqa: E402
-from ktrainer.module import Module  # noqa: E402
-from ktrainer.preemption import Preempted  # noqa: E402
-from ktrainer.trainer import Trainer  # noqa: E402
+from ktrainer.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 __all__ = ["Trainer", "Module", "Preempted", "callbacks", "loggers", "precision", "compare_precision",
            "PrecisionComparison", "__version__"]
+
+
+def _check_keras_backend() -> None:
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        raise ImportError(
+            f"ktrainer runs Keras on the TensorFlow backend, but Keras was started with the "
+            f"{keras.backend.backend()!r} backend. Set KERAS_BACKEND=tensorflow before importing keras."
+        )
+
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "Trainer": "ktrainer.trainer",
+    "Module": "ktrainer.module",
+    "Preempted": "ktrainer.preemption",
+    "compare_precision": "ktrainer.compare_precision",
+    "PrecisionComparison": "ktrainer.compare_precision",
+    "callbacks": "ktrainer.callbacks",
+    "loggers": "ktrainer.loggers",
+    "precision": "ktrainer.precision",
+}, before_load=_check_keras_backend)
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Importing the submodule `ktrainer.compare_precision` would otherwise replace the function
+        # `ktrainer.compare_precision` (the public name) with that module.
+        if name == "compare_precision" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

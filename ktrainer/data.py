@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import keras
@@ -76,6 +78,30 @@ class BatchSource:
             return None
         full, rest = divmod(n, self.global_batch_size)
         return full + (1 if rest and not self.drop_remainder else 0)
+
+    @functools.cached_property
+    def estimated_batches(self) -> int | None:
+        """Global batches per epoch, best estimate for display (a progress bar's total); None when unknown.
+
+        Exact for numpy. A PyDataset counts `len(data)` batches of the size of `data[0]`; a
+        tf.data.Dataset of finite known cardinality counts that many batches of its static batch
+        size, or else of the size of its first element (read once). A short last batch makes the
+        estimate high (it counts that batch as full). Unlike `num_batches`, which ends epochs, it
+        may be inexact.
+        """
+        if self._arrays is not None:
+            return self.num_batches
+        if self._pydataset is not None:
+            return self._batches_of(len(self._pydataset) * first_dim(_tupled(self._pydataset[0])))
+        cardinality = int(self._dataset.cardinality().numpy())
+        if cardinality < 0:  # infinite or unknown: reading it would not tell
+            return None
+        return self._batches_of(cardinality * _batch_size_of(self._dataset))
+
+    def _batches_of(self, examples: int) -> int:
+        if self.drop_remainder:
+            return examples // self.global_batch_size
+        return math.ceil(examples / self.global_batch_size)
 
     @property
     def is_infinite(self) -> bool:
@@ -154,6 +180,15 @@ class BatchSource:
 def first_dim(structure: Any) -> int:
     """The leading dimension shared by every array in a structure."""
     return int(np.shape(tf.nest.flatten(structure)[0])[0])
+
+
+def _batch_size_of(dataset: tf.data.Dataset) -> int:
+    """The batch size of a batched dataset: its static batch dimension, or that of its first element."""
+    static = tf.nest.flatten(dataset.element_spec)[0].shape[0]
+    if static is not None:
+        return int(static)
+    first = tf.nest.flatten(next(iter(dataset.take(1))))[0]
+    return int(first.shape[0])
 
 
 def _tupled(element: Any) -> Any:

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ktrainer.hooks import call_step_hook, loss_from_return, traced_batch_index
+
 __all__ = ["CompiledSteps", "EvalStep", "compile_predict_step", "BATCH_SIZE", "APPLIED", "SKIPPED",
            "LOSS_SCALE", "STOP"]
 
@@ -55,29 +57,35 @@ class CompiledSteps:
         self._concrete = None
         self._step_counts: dict[int, tf.Tensor] = {}
 
-    def run(self, iterator: Any, num_steps: int) -> dict[str, np.ndarray]:
+    def run(self, iterator: Any, num_steps: int, first_index: int = 0) -> dict[str, np.ndarray]:
         """Run up to `num_steps` batches from `iterator`; stops early when it is exhausted.
+
+        Args:
+            iterator: The distributed iterator of batches.
+            num_steps: Batches to run at most.
+            first_index: The first batch's index in its epoch (the hooks' `batch_idx`).
 
         Returns:
             Each key's per-step values (empty arrays when the iterator was already exhausted).
         """
         if num_steps not in self._step_counts:
             self._step_counts[num_steps] = tf.constant(num_steps, tf.int32)
-        count = self._step_counts[num_steps]
+        count, start = self._step_counts[num_steps], tf.constant(first_index, tf.int64)
         # Calling the traced graph directly skips tf.function's per-call signature matching,
         # which costs more than a small model's step.
         if self._concrete is None:
-            self._concrete = self._function.get_concrete_function(iterator, count)
-        values = self._concrete(iterator, count).numpy()
+            self._concrete = self._function.get_concrete_function(iterator, count, start)
+        values = self._concrete(iterator, count, start).numpy()
         return dict(zip(self._keys, values, strict=True))
 
-    def _run_steps(self, iterator: Any, num_steps: tf.Tensor) -> tf.Tensor:
+    def _run_steps(self, iterator: Any, num_steps: tf.Tensor, first_index: tf.Tensor) -> tf.Tensor:
         values = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=(len(self._keys),))
         for index in tf.range(num_steps):
             optional = iterator.get_next_as_optional()
             if not optional.has_value():
                 break
-            outputs = self._replicated_step(optional.get_value())
+            with traced_batch_index(first_index + tf.cast(index, tf.int64)):
+                outputs = self._replicated_step(optional.get_value())
             values = values.write(index, tf.stack([outputs[key] for key in self._keys]))
         return tf.transpose(values.stack())
 
@@ -196,7 +204,7 @@ class EvalStep:
         """One evaluation step on one (per-replica) batch."""
         self.module._stage = self.prefix
         self.module._take_logged()
-        returned = getattr(self.module, self.hook)(batch)
+        returned = loss_from_return(self.module, call_step_hook(self.module, self.hook, batch), self.hook, self.prefix)
         if returned is not None:
             loss = with_model_losses(self.module, check_loss(returned, self.hook), self.prefix)
             self.module.log(f"{self.prefix}/loss", loss)
@@ -205,11 +213,12 @@ class EvalStep:
 
 
 def compile_predict_step(module: Any, strategy: tf.distribute.Strategy) -> Callable[[Any], Any]:
-    """Return a compiled function of one batch that runs `module.predict_step` on every replica."""
+    """A compiled function of one batch and its index that runs `module.predict_step` on every replica."""
 
-    def predict(batch):
+    def predict(batch, batch_idx):
         module._stage = "predict"
-        outputs = strategy.run(module.predict_step, args=(batch,))
+        with traced_batch_index(batch_idx):
+            outputs = strategy.run(lambda each: call_step_hook(module, "predict_step", each), args=(batch,))
         return tf.nest.map_structure(lambda t: strategy.gather(t, axis=0), outputs)
 
     return tf.function(predict, reduce_retracing=True)

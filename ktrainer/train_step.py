@@ -22,6 +22,7 @@ from typing import Any
 import tensorflow as tf
 
 from ktrainer.gradients import dense, scale, values
+from ktrainer.hooks import call_step_hook, loss_from_return
 from ktrainer.module import LogOptions
 from ktrainer.step import (
     APPLIED,
@@ -310,6 +311,10 @@ class TrainStep:
         raise ValueError("self.manual_step(...) got an optimizer that configure_optimizers() did not return: pass one "
                          "of self.optimizers().")
 
+    def _call_training_step(self, batch: Any) -> Any:
+        return loss_from_return(self.module, call_step_hook(self.module, "training_step", batch), "training_step",
+                                "train")
+
     def _run_training_step(self, batch: Any, automatic_update: Callable | None) -> dict[str, tf.Tensor]:
         module = self.module
         module._stage = "train"
@@ -318,11 +323,11 @@ class TrainStep:
         try:
             if automatic_update is not None and self.automatic:
                 def loss_fn() -> Any:
-                    return with_model_losses(module, check_loss(module.training_step(batch), "training_step"),
+                    return with_model_losses(module, check_loss(self._call_training_step(batch), "training_step"),
                                              "train")
                 loss = automatic_update(loss_fn, "training_step")
             else:
-                returned = module.training_step(batch)
+                returned = self._call_training_step(batch)
                 loss = None if returned is None else check_loss(returned, "training_step")
         finally:
             module._manual = None

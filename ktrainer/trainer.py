@@ -15,7 +15,6 @@ import numpy as np
 import tensorflow as tf
 
 from ktrainer.callbacks import Callback, ModelCheckpoint
-from ktrainer.callbacks.lr_monitor import current_learning_rate
 from ktrainer.checkpoint.format import checkpoint_name
 from ktrainer.checkpoint.resume import Resumable, check_ckpt_path, find_checkpoint
 from ktrainer.checkpoint.variables import assign_all, keyed, mismatches
@@ -33,14 +32,19 @@ from ktrainer.errors import (
 from ktrainer.fs import Location
 from ktrainer.history import History
 from ktrainer.loggers import Logger
+from ktrainer.logs import show_events
 from ktrainer.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
 from ktrainer.module import Module
+from ktrainer.module_checks import (
+    check_layers_created_in_build,
+    check_training_steps,
+    warn_val_data_without_validation_step,
+)
 from ktrainer.precision import LayerPrecision, resolve_precision
 from ktrainer.precision.advice import hardware_advice
 from ktrainer.precision.float32_layers import float32_at_construction, keep_float32
 from ktrainer.precision.report import (
     check_output_dtype,
-    log_report,
     output_dtypes,
     precision_report,
 )
@@ -48,6 +52,7 @@ from ktrainer.preemption import DEFAULT_SIGNALS, Preempted, SignalWatcher, check
 from ktrainer.progress import Progress, draw_seed
 from ktrainer.random_state import capture_random_state, restore_random_state
 from ktrainer.run import RunIdentity
+from ktrainer.run_summary import fit_summary, stop_line, stop_reason
 from ktrainer.state import TrainerState
 from ktrainer.step import (
     APPLIED,
@@ -69,7 +74,6 @@ from ktrainer.wiring import (
     optional,
     quietly,
     resolve_loggers,
-    throughput,
 )
 
 __all__ = ["Trainer"]
@@ -162,6 +166,7 @@ class Trainer:
         preemption_signals: Sequence[str | int] | None = DEFAULT_SIGNALS,
         allow_global_batch_change: bool = False,
     ) -> None:
+        show_events()
         self.max_steps = check_int("max_steps", max_steps, minimum=1, allow_none=True)
         self.max_epochs = check_int("max_epochs", max_epochs, minimum=1, allow_none=True)
         if max_epochs is None and max_steps is None:
@@ -210,10 +215,13 @@ class Trainer:
         self.progress = Progress(shuffle_seed=self.seed if self.seed is not None else draw_seed())
         self.run = RunIdentity()
         self.should_stop = False
+        self.stop_reason: str | None = None  # why a callback set should_stop, for the end-of-fit line
         self.callback_metrics: dict[str, float] = {}
         self.logged_metrics: dict[str, float] = {}
         self.progress_bar_metrics: dict[str, float] = {}
         self.num_training_batches: int | None = None
+        self.estimated_training_batches: int | None = None  # for display: also for data of unknown exact length
+        self.eval_results: dict[str, float] = {}  # what the last validate()/test() returned
         self.optimizer: keras.optimizers.Optimizer | None = None
         self.optimizers: list[keras.optimizers.Optimizer] = []
         self._configured: list[keras.optimizers.Optimizer] = []
@@ -435,11 +443,16 @@ class Trainer:
             if validation_split is not None:
                 train_data, val_data = self._split(module, train_data, validation_split)
             train = self._source(train_data, module.train_data, "train_data", training=True, required=True)
+            self.num_training_batches = batches_per_epoch(train, self.limit_train_batches)
+            self.estimated_training_batches = train.estimated_batches
+            check_training_steps(self.num_training_batches, train.num_examples, self.batch_size,
+                                 self.strategy.num_replicas_in_sync)
             val = None
             if self.limit_val_batches != 0:
                 val = self._source(val_data, module.val_data, "val_data", training=False, required=False)
+                if val is not None and not warn_val_data_without_validation_step(module, Module):
+                    val = None
             self._build(module, with_optimizer=True)
-            self.num_training_batches = batches_per_epoch(train, self.limit_train_batches)
             stop_flag = tf.Variable(0.0, trainable=False) if self.plan.strategy == "multi_worker" else None
             train_step = self._train_step = TrainStep(module, self.optimizers, self._configured, self.precision,
                                                       self.strategy, gradient_clip_val=self.gradient_clip_val,
@@ -456,9 +469,14 @@ class Trainer:
             train_runner = CompiledSteps(train_step, self.strategy, keys)
             val_runner = self._eval_runner(module, val, "validation_step", "val") if val else None
             self._val_batches = batches_per_epoch(val, self.limit_val_batches) if val else None
-            self._log_batch_and_rate(train)
+            if self.is_global_zero:
+                log.info(fit_summary(self, module, train, val, resumed))
             self._log_hyperparameters(module)
             self._call("on_fit_start", module)
+            if self._finished():
+                log.warning("Nothing to train: the run is at step %d (epoch %d), which already reaches %s. Raise "
+                            "the limit to train on.", self.global_step, self.current_epoch, stop_reason(self))
+            started = time.monotonic()
             try:
                 while not self._finished():
                     self._check_for_preemption()
@@ -466,6 +484,8 @@ class Trainer:
             except _PreemptionRequested as request:
                 self._stop_for_preemption(request.signum)
             self._call("on_train_end", module)
+            if self.is_global_zero:
+                log.info(stop_line(self, time.monotonic() - started))
             self._finalize_ema()
             self._call("on_fit_end", module)
         return self.history
@@ -486,8 +506,8 @@ class Trainer:
         self.load_state_dict(resumed.state)
         saved_run = resumed.state["run"]
         self.run = self.run.resumed(resumed.canonical_url, resumed.info.committed, saved_run.get("lineage", []))
-        log.info("Resumed from %s at step %d (epoch %d, batch %d).", resumed.info.url, self.global_step,
-                 self.current_epoch, self.progress.batch_in_epoch)
+        log.debug("Resumed from %s at step %d (epoch %d, batch %d).", resumed.info.url, self.global_step,
+                  self.current_epoch, self.progress.batch_in_epoch)
 
     def _stop_for_preemption(self, signum: int) -> None:
         """Save a checkpoint at the step reached (waiting for a save in flight), then raise Preempted."""
@@ -501,29 +521,34 @@ class Trainer:
         log.warning("%s Resume with ckpt_path='last'.", preempted)
         raise preempted
 
-    def validate(self, module: Module, data: Any = None) -> dict[str, float]:
+    def validate(self, module: Module, data: Any = None, ckpt_path: str | os.PathLike | None = None,
+                 ) -> dict[str, float]:
         """Run `module.validation_step` over the validation data.
 
         Args:
             module: The Module (built here if it was not trained in this process).
             data: Validation data; None: `module.val_data()`.
+            ckpt_path: Validate the model weights of a checkpoint: "last", "best" or a checkpoint's
+                path or URI (as in `fit`); None: the module's current weights.
 
         Returns:
             The epoch metrics, e.g. {"val/loss": 0.31, "val/acc": 0.92}.
         """
-        return self._evaluate(module, data, "validation_step", "val", "validate")
+        return self._evaluate(module, data, "validation_step", "val", "validate", ckpt_path)
 
-    def test(self, module: Module, data: Any = None) -> dict[str, float]:
+    def test(self, module: Module, data: Any = None, ckpt_path: str | os.PathLike | None = None) -> dict[str, float]:
         """Run `module.test_step` over the test data.
 
         Args:
             module: The Module.
             data: Test data; None: `module.test_data()`.
+            ckpt_path: Test the model weights of a checkpoint ("last", "best", a path or URI); None:
+                the module's current weights.
 
         Returns:
             The epoch metrics, e.g. {"test/loss": 0.33}.
         """
-        return self._evaluate(module, data, "test_step", "test", "test")
+        return self._evaluate(module, data, "test_step", "test", "test", ckpt_path)
 
     def predict(self, module: Module, data: Any = None) -> Any:
         """Run `module.predict_step` over the data and concatenate the results.
@@ -543,7 +568,8 @@ class Trainer:
             self._call("on_predict_start", module)
             step = compile_predict_step(module, self.strategy)
             dataset = self.strategy.experimental_distribute_dataset(source.epoch(0))
-            chunks = [keras.tree.map_structure(np.asarray, step(batch)) for batch in dataset]
+            chunks = [keras.tree.map_structure(np.asarray, step(batch, tf.constant(index, tf.int64)))
+                      for index, batch in enumerate(dataset)]
             self._call("on_predict_end", module)
         return keras.tree.map_structure(lambda *parts: np.concatenate(parts, axis=0), *chunks)
 
@@ -576,7 +602,6 @@ class Trainer:
         dataset = self.strategy.experimental_distribute_dataset(
             train.epoch(progress.epoch, progress.batch_in_epoch, progress.shuffle_seed))
         iterator = iter(dataset)
-        last_log_time, last_log_step = time.monotonic(), progress.global_step
         exhausted = False
         while not self.should_stop:
             num_steps = self._steps_in_next_execution()
@@ -585,11 +610,11 @@ class Trainer:
             self._call("on_train_batch_start", module, progress.batch_in_epoch)
             if train_step.stop_flag is not None and self._signals.received is not None:
                 train_step.stop_flag.assign(1.0)  # every worker learns it from this execution's all-reduce
-            outputs = runner.run(iterator, num_steps)
+            outputs = runner.run(iterator, num_steps, progress.batch_in_epoch)
             ran = len(outputs[APPLIED])
             if ran == 0:
                 if progress.batch_in_epoch == 0:
-                    raise ValueError("train_data yielded no batch: the training data is empty.")
+                    check_training_steps(0, None, self.batch_size, self.strategy.num_replicas_in_sync)
                 exhausted = True
                 break
             metrics.add(outputs)
@@ -600,13 +625,8 @@ class Trainer:
             running = metric_object_values(module, "train", epoch=False)  # their result after this execution
             for index in log_at:
                 progress.global_step = int(steps_after[index])
-                now = time.monotonic()
-                extra = throughput(progress.global_step - last_log_step, now - last_log_time,
-                                   self.global_batch_size * self.accumulate_grad_batches)
-                if self.precision.loss_scaling:
-                    extra[SKIPPED_STEPS] = int(skips_after[index])
+                extra = {SKIPPED_STEPS: int(skips_after[index])} if self.precision.loss_scaling else {}
                 self.log_metrics({**metrics.step_metrics(outputs, index), **running, **extra})
-                last_log_time, last_log_step = now, progress.global_step
             self.state.logged_step_in_last_execution = len(log_at) > 0
             progress.global_step = int(steps_after[-1])
             progress.skipped_steps = int(skips_after[-1])
@@ -723,20 +743,37 @@ class Trainer:
         self.state.validated_this_epoch = self.state.at_epoch_end
         self._call("on_validation_end", module)
 
-    def _evaluate(self, module: Module, data: Any, hook: str, prefix: str, stage: str) -> dict[str, float]:
+    def _evaluate(self, module: Module, data: Any, hook: str, prefix: str, stage: str,
+                  ckpt_path: str | os.PathLike | None) -> dict[str, float]:
         check_module_hooks(module, Module, ("build",))
+        ckpt_path = check_ckpt_path(ckpt_path)
         kind = "validation" if prefix == "val" else "test"
         with self._run(stage, module):
             source = self._source(data, getattr(module, f"{prefix}_data"), f"{prefix}_data",
                                   training=False, required=True)
             self._build(module, with_optimizer=False)
             limit = self.limit_val_batches if prefix == "val" else None
-            runner = self._eval_runner(module, source, hook, prefix)
+            runner = self._eval_runner(module, source, hook, prefix)  # a subclassed model is built by now
+            if ckpt_path:
+                self._load_model_weights(module, ckpt_path)
             self._call(f"on_{kind}_start", module)
             metrics = self._run_eval(module, source, runner, batches_per_epoch(source, limit), prefix)
             self.log_metrics(metrics)
+            self.eval_results = metrics
             self._call(f"on_{kind}_end", module)
         return metrics
+
+    def _load_model_weights(self, module: Module, ckpt_path: str) -> None:
+        """The model weights of a checkpoint, for validate/test (the optimizer and the run are not touched)."""
+        resumed = find_checkpoint(ckpt_path, self.checkpoint_dir, self.storage_options)
+        if resumed is None:
+            raise ValueError(f"ckpt_path={ckpt_path!r}: there is no checkpoint under {self.checkpoint_dir.url} yet.")
+        problems = mismatches("model", resumed.state["model"], module.model.variables)
+        if problems:
+            raise ValueError("The checkpoint does not match this model; nothing was loaded. First mismatches:\n  "
+                             + "\n  ".join(problems[:8]))
+        assign_all(resumed.state["model"], module.model.variables)
+        log.info("Evaluating the weights of %s (step %d).", resumed.info.url, resumed.state["progress"]["global_step"])
 
     def _eval_runner(self, module: Module, source: BatchSource, hook: str, prefix: str) -> CompiledSteps:
         step = EvalStep(module, hook, prefix)
@@ -759,7 +796,7 @@ class Trainer:
             wanted = self.steps_per_execution
             if num_batches is not None:
                 wanted = min(wanted, num_batches - metrics.steps)
-            outputs = runner.run(iterator, wanted)
+            outputs = runner.run(iterator, wanted, metrics.steps)
             if len(next(iter(outputs.values()))):
                 metrics.add(outputs)
             if len(next(iter(outputs.values()))) < wanted:
@@ -787,7 +824,7 @@ class Trainer:
         """Everything around one fit/validate/test/predict call, including the error path."""
         previous_policy = keras.config.dtype_policy()
         self.state = TrainerState(stage=stage)
-        self.should_stop = False
+        self.should_stop, self.stop_reason = False, None
         module.trainer = self
         self._module = module
         status = "success"
@@ -825,6 +862,7 @@ class Trainer:
 
     def _build(self, module: Module, *, with_optimizer: bool) -> None:
         """Set the precision policy, enter the strategy scope, build the model (and optimizer)."""
+        check_layers_created_in_build(module)
         keras.config.set_dtype_policy(self.precision.policy)
         with self.strategy.scope():
             if module.model is None:
@@ -849,7 +887,6 @@ class Trainer:
                     self.lr_factor = scale_learning_rate(each, self.lr_scaling, self.strategy.num_replicas_in_sync)
         dtypes, layer = output_dtypes(module.model)
         check_output_dtype(dtypes, self.precision.name, self.precision.compute_dtype, layer)
-        log_report(precision_report(module.model), self.precision.name, self.precision.policy)
         if with_optimizer:
             for line in hardware_advice(self.precision.name, self.precision.compute_dtype, visible_accelerators()):
                 log.warning(line)
@@ -889,19 +926,6 @@ class Trainer:
         if module.hparams:
             for each in self._writing_loggers():
                 each.log_hyperparams(module.hparams)
-
-    def _log_batch_and_rate(self, train: BatchSource) -> None:
-        replicas = self.strategy.num_replicas_in_sync
-        log.info("Global batch %d (%d per device x %d replicas).", self.global_batch_size, self.batch_size, replicas)
-        if train.drop_remainder:
-            log.info("With %d replicas the last incomplete training batch of each epoch is dropped, so every "
-                     "replica gets %d examples per step.", replicas, self.batch_size)
-        if replicas > 1 and self.lr_scaling is None:
-            log.info("The global batch is %dx the per-device batch; the learning rate is unchanged. "
-                     "Trainer(lr_scaling='sqrt' or 'linear') scales it with the replica count.", replicas)
-        elif self.lr_factor != 1.0:
-            log.info("lr_scaling=%r: learning rate x %.4g for %d replicas (now %.6g).", self.lr_scaling,
-                     self.lr_factor, replicas, current_learning_rate(self.optimizer))
 
     def _remember(self, values: dict[str, float], metrics: EpochMetrics) -> None:
         """Keep the latest values for callbacks (under the logged and the plain names) and the bar."""

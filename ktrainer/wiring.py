@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import keras
 
-from ktrainer.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar
+from ktrainer.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar, ThroughputMonitor
 from ktrainer.callbacks.keras_adapter import wrap_keras_callback
 from ktrainer.errors import check_int
 from ktrainer.loggers import Logger, TensorBoardLogger
 
-__all__ = ["optional", "check_fast_dev_run", "resolve_loggers", "default_callbacks", "throughput", "quietly"]
+__all__ = ["optional", "check_fast_dev_run", "resolve_loggers", "default_callbacks", "quietly"]
 
 
 def optional(check: Any, name: str, value: Any, **kwargs: Any) -> Any:
@@ -52,7 +51,7 @@ def resolve_loggers(logger: Any) -> list[Logger]:
 
 def default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, has_logger: bool,
                        checkpointing: bool) -> list:
-    """The built-in callbacks the user did not give (progress bar, LR monitor, checkpoint), then the given ones.
+    """The built-ins the user did not give (checkpoint, progress bar, LR and throughput monitors), then the given ones.
 
     Keras callbacks are wrapped to run at their equivalent points (`callbacks/keras_adapter.py`).
 
@@ -78,14 +77,9 @@ def default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, 
         defaults.append(ProgressBar())
     if has_logger and not any(isinstance(c, LearningRateMonitor) for c in given):
         defaults.append(LearningRateMonitor())
+    if has_logger and not any(isinstance(c, ThroughputMonitor) for c in given):
+        defaults.append(ThroughputMonitor())
     return defaults + given
-
-
-def throughput(steps: int, seconds: float, samples_per_step: int) -> dict[str, float]:
-    """steps/s and samples/s over an interval (empty when the interval is empty)."""
-    if steps <= 0 or seconds <= 0 or not math.isfinite(seconds):
-        return {}
-    return {"time/steps_per_sec": steps / seconds, "time/samples_per_sec": steps * samples_per_step / seconds}
 
 
 def quietly(function: Any, *args: Any) -> None:

@@ -89,6 +89,22 @@ def test_pydataset_is_rebatched_and_told_of_epoch_ends(quiet):
     assert data.epochs_ended == 2
 
 
+def test_estimated_batches_for_display():
+    x, y = regression_data(64)
+    assert BatchSource((x, y), 24).estimated_batches == 3
+    assert BatchSource((x, y), 24, drop_remainder=True).estimated_batches == 2
+    sliced = tf.data.Dataset.from_tensor_slices((x, y))
+    dataset = BatchSource(sliced.batch(8), 16)  # no static batch size: its first batch is read
+    assert (dataset.num_batches, dataset.estimated_batches) == (None, 4)  # num_batches, which ends epochs, stays exact
+    assert len(_batches(dataset)) == 4  # reading one batch changed nothing
+    assert BatchSource(sliced.batch(8, drop_remainder=True), 24).estimated_batches == 3  # static: 64 examples
+    assert BatchSource(sliced.batch(8, drop_remainder=True), 24, drop_remainder=True).estimated_batches == 2
+    assert BatchSource(sliced.batch(8).repeat(), 16).estimated_batches is None  # infinite
+    assert BatchSource(sliced.batch(8).filter(lambda a, b: True), 16).estimated_batches is None  # unknown
+    assert BatchSource(Squares(), 4).estimated_batches == 3  # 3 batches of 3
+    assert BatchSource(Squares(), 4, drop_remainder=True).estimated_batches == 2
+
+
 def test_dict_of_arrays():
     source = BatchSource({"a": np.zeros((5, 2)), "b": np.ones(5)}, 2)
     first = _batches(source)[0]

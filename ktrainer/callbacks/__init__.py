@@ -6,5 +6,7 @@ from ktrainer.callbacks.keras_adapter import KerasCallback
 from ktrainer.callbacks.lr_monitor import LearningRateMonitor
 from ktrainer.callbacks.model_checkpoint import ModelCheckpoint
 from ktrainer.callbacks.progress_bar import ProgressBar
+from ktrainer.callbacks.throughput import ThroughputMonitor
 
-__all__ = ["Callback", "EarlyStopping", "KerasCallback", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar"]
+__all__ = ["Callback", "EarlyStopping", "KerasCallback", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar",
+           "ThroughputMonitor"]

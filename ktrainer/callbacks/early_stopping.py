@@ -81,11 +81,12 @@ class EarlyStopping(Callback):
         if self.wait >= self.patience:
             self.stopped_epoch = trainer.current_epoch
             trainer.should_stop = True
+            trainer.stop_reason = (f"EarlyStopping: {self.monitor} did not improve for {self.wait} checks "
+                                   f"(best {self.best:.6g})")
             if self.restore_best_weights and self.best_weights is not None:
                 module.model.set_weights(self.best_weights)
-                log.info("EarlyStopping: restored the weights of the best check (%s=%.6g).", self.monitor, self.best)
-            log.info("EarlyStopping: %s did not improve for %d checks (best %.6g); stopping.",
-                     self.monitor, self.wait, self.best)
+                trainer.stop_reason += ", best weights restored"
+            log.debug("%s; stopping.", trainer.stop_reason)
 
     @property
     def state_key(self) -> str:

@@ -85,8 +85,9 @@ class KerasCallback(Callback):
         self.callback.set_params({"epochs": trainer.max_epochs, "steps": trainer.num_training_batches, "verbose": 0})
 
     def _stop_if_asked(self, trainer: Any, module: Any) -> None:
-        if getattr(module.model, "stop_training", False):
+        if getattr(module.model, "stop_training", False) and not trainer.should_stop:
             trainer.should_stop = True
+            trainer.stop_reason = f"{type(self.callback).__name__} set model.stop_training"
 
     def on_fit_start(self, trainer: Any, module: Any) -> None:
         """`on_train_begin`."""

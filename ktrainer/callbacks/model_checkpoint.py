@@ -310,7 +310,7 @@ class ModelCheckpoint(Callback):
         self._unsaved = None
         self.last_saved = info.url
         self._commit_floor = max(self._commit_floor, info.committed)
-        log.info("Saved checkpoint %s (%.1f MB).", info.url, info.size / 1e6)
+        log.debug("Saved checkpoint %s (%.1f MB).", info.url, info.size / 1e6)
         self._prune(info.name)
 
     def _prune(self, newest: str) -> None:

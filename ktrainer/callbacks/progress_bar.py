@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any, TextIO
@@ -9,19 +10,53 @@ from typing import Any, TextIO
 from tqdm.auto import tqdm
 
 from ktrainer.callbacks.callback import Callback
+from ktrainer.callbacks.results_table import results_table
 
-__all__ = ["ProgressBar"]
+__all__ = ["ProgressBar", "epoch_steps"]
+
+_TITLES = {"validate": "Validate metric", "test": "Test metric"}
 
 
 def _format_metrics(metrics: dict[str, float]) -> str:
     return " ".join(f"{name}={value:.4g}" for name, value in metrics.items())
 
 
-class ProgressBar(Callback):
-    """Shows epoch, batch, steps/s, ETA, the loss and the metrics logged with `prog_bar=True`.
+def _clock(seconds: float, decimals: bool = False) -> str:
+    """HH:MM:SS (with hundredths when `decimals`)."""
+    seconds = max(seconds, 0.0)
+    whole = int(seconds)
+    text = f"{whole // 3600:02d}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+    return f"{text}.{int((seconds - whole) * 100):02d}" if decimals else text
 
-    On a terminal it draws a tqdm bar per epoch. When the stream is not a terminal (CI, a log
-    file) it prints one plain line every `print_every_secs` seconds and at each epoch end.
+
+def epoch_steps(trainer: Any) -> int | None:
+    """Optimizer steps in one training epoch, as the bar counts them; None when the data's length is unknown.
+
+    The batches are `trainer.num_training_batches` (exact: numpy data, or an int
+    `limit_train_batches`), capped by `trainer.estimated_training_batches` when the Trainer set it (the
+    data's own estimate: a tf.data.Dataset or PyDataset), then divided by `accumulate_grad_batches`,
+    rounding up (an epoch ends with an optimizer step for its last, partial accumulation).
+    """
+    exact = trainer.num_training_batches
+    estimate = getattr(trainer, "estimated_training_batches", None)
+    batches = exact if estimate is None else estimate if exact is None else min(exact, estimate)
+    return None if batches is None else math.ceil(batches / _accumulation(trainer))
+
+
+def _accumulation(trainer: Any) -> int:
+    return max(1, int(getattr(trainer, "accumulate_grad_batches", 1)))
+
+
+class ProgressBar(Callback):
+    """Shows epoch, optimizer step, epoch time, steps/s, samples/s, ETA, the loss and the `prog_bar=True` metrics.
+
+    The unit is the optimizer step: with `accumulate_grad_batches=N` an epoch of B batches is
+    ceil(B / N) steps, and a step is `global_batch_size * N` samples. The total is known for numpy
+    data, an int `limit_train_batches`, and (estimated) a tf.data.Dataset of known cardinality or a
+    PyDataset. On a terminal it draws a tqdm bar per epoch. When the stream is not a terminal (CI, a
+    log file) it prints one plain line every `print_every_secs` seconds and one at each epoch end,
+    with the epoch's time. A standalone `trainer.validate()` or `trainer.test()` ends with a table
+    of its results.
 
     Args:
         stream: Where to write; default sys.stdout.
@@ -37,7 +72,10 @@ class ProgressBar(Callback):
         self._bar = None
         self._epoch_start = 0.0
         self._last_print = 0.0
-        self._batches_done = 0
+        self._total: int | None = None
+        self._first_step = 0
+        self._steps_done = 0
+        self._samples_per_step = 0
 
     @property
     def _out(self) -> TextIO:
@@ -48,37 +86,43 @@ class ProgressBar(Callback):
         return self.force_plain or not getattr(self._out, "isatty", lambda: False)()
 
     def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
-        """Start this epoch's bar."""
+        """Start this epoch's bar (at the resumed position, when resumed mid-epoch)."""
         self._epoch_start = self._last_print = time.monotonic()
-        self._batches_done = trainer.progress.batch_in_epoch
+        self._total = epoch_steps(trainer)
+        self._first_step = self._steps_done = trainer.progress.batch_in_epoch // _accumulation(trainer)
+        self._samples_per_step = trainer.global_batch_size * _accumulation(trainer)
         if not self._plain:
-            total = trainer.num_training_batches
-            self._bar = tqdm(total=total, initial=self._batches_done, file=self._out, dynamic_ncols=True,
+            self._bar = tqdm(total=self._total, initial=self._steps_done, file=self._out, dynamic_ncols=True,
                              desc=self._describe(trainer), unit="step", leave=True)
 
     def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
         """Advance the bar, or print a line when it is time."""
-        advanced = batch_idx + 1 - self._batches_done
-        self._batches_done = batch_idx + 1
-        if self._bar is not None:
-            self._bar.set_postfix_str(_format_metrics(trainer.progress_bar_metrics), refresh=False)
-            self._bar.update(advanced)
-        elif time.monotonic() - self._last_print >= self.print_every_secs:
+        self._advance_to((batch_idx + 1) // _accumulation(trainer), trainer)
+        if self._bar is None and time.monotonic() - self._last_print >= self.print_every_secs:
             self._print_line(trainer)
 
     def on_validation_end(self, trainer: Any, module: Any) -> None:
-        """Show the validation metrics on the bar."""
+        """Show the validation metrics on the bar; a standalone `validate()` prints its results table."""
         if self._bar is not None:
-            self._bar.set_postfix_str(_format_metrics(trainer.progress_bar_metrics))
+            self._bar.set_postfix_str(self._postfix(trainer))
+        self._print_results(trainer)
+
+    def on_test_end(self, trainer: Any, module: Any) -> None:
+        """Print the results table of `test()`."""
+        self._print_results(trainer)
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
-        """Close the bar, or print the epoch's closing line."""
+        """Close the bar, or print the epoch's closing line (with the epoch's time)."""
+        batches = trainer.progress.batch_in_epoch
+        accumulate = _accumulation(trainer)
+        # A finished epoch flushed its last partial accumulation as one more optimizer step.
+        steps = math.ceil(batches / accumulate) if trainer.progress.epoch_done else batches // accumulate
+        self._advance_to(steps, trainer)
         if self._bar is not None:
-            self._bar.set_postfix_str(_format_metrics(trainer.progress_bar_metrics))
             self._bar.close()
             self._bar = None
         else:
-            self._print_line(trainer)
+            self._print_line(trainer, epoch_end=True)
 
     def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
         """Close the bar so the traceback is readable."""
@@ -86,21 +130,57 @@ class ProgressBar(Callback):
             self._bar.close()
             self._bar = None
 
+    def _advance_to(self, steps: int, trainer: Any) -> None:
+        advanced = steps - self._steps_done
+        self._steps_done = steps
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._postfix(trainer), refresh=False)
+            self._bar.update(advanced)
+
+    def _rates(self) -> tuple[float, float, float]:
+        """Seconds since the epoch started (or resumed), steps/s and samples/s over them."""
+        elapsed = max(time.monotonic() - self._epoch_start, 1e-9)
+        steps_per_sec = (self._steps_done - self._first_step) / elapsed
+        return elapsed, steps_per_sec, steps_per_sec * self._samples_per_step
+
+    def _postfix(self, trainer: Any) -> str:
+        _, _, samples_per_sec = self._rates()
+        return f"{samples_per_sec:.1f} samples/s, {_format_metrics(trainer.progress_bar_metrics)}".rstrip(", ")
+
     def _describe(self, trainer: Any) -> str:
         last = f"/{trainer.max_epochs}" if trainer.max_epochs is not None else ""
         return f"Epoch {trainer.current_epoch + 1}{last}"
 
-    def _print_line(self, trainer: Any) -> None:
-        now = time.monotonic()
-        self._last_print = now
-        done = self._batches_done - trainer.state.first_batch_of_epoch
-        elapsed = max(now - self._epoch_start, 1e-9)
-        rate = done / elapsed
-        total = trainer.num_training_batches
-        position = f"{self._batches_done}/{total}" if total else f"{self._batches_done}"
-        eta = ""
-        if total and rate > 0:
-            eta = f" eta {time.strftime('%H:%M:%S', time.gmtime((total - self._batches_done) / rate))}"
+    def _print_line(self, trainer: Any, epoch_end: bool = False) -> None:
+        self._last_print = time.monotonic()
+        elapsed, steps_per_sec, samples_per_sec = self._rates()
+        total = self._total
+        position = f"{self._steps_done}/{total}" if total else f"{self._steps_done}"
+        if epoch_end:
+            timing = f"epoch time {_clock(elapsed, decimals=True)}"
+        else:
+            timing = f"elapsed {_clock(elapsed)}"
+            if total and steps_per_sec > 0:
+                timing += f" eta {_clock((total - self._steps_done) / steps_per_sec)}"
         metrics = _format_metrics(trainer.progress_bar_metrics)
-        print(f"{self._describe(trainer)} step {position} {rate:.2f} step/s{eta} {metrics}".rstrip(),
+        print(f"{self._describe(trainer)} step {position} {steps_per_sec:.2f} step/s {samples_per_sec:.1f} samples/s "
+              f"{timing} {metrics}".rstrip(), file=self._out, flush=True)
+
+    def _print_results(self, trainer: Any) -> None:
+        """The results table, for a standalone validate/test run only (not the validation inside fit)."""
+        if trainer.state.stage not in _TITLES:
+            return
+        title = _TITLES[trainer.state.stage]
+        print(results_table(trainer.eval_results, title, ascii_only=not _can_encode(self._out, "┏━│")),
               file=self._out, flush=True)
+
+
+def _can_encode(stream: TextIO, text: str) -> bool:
+    encoding = getattr(stream, "encoding", None)
+    if not encoding:
+        return True
+    try:
+        text.encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True

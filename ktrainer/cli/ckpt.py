@@ -7,12 +7,13 @@ import json
 import os
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ktrainer.checkpoint.format import MANIFEST
-from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
-from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
-from ktrainer.fs import Location
+from ktrainer.checkpoint.io import CheckpointError
+
+if TYPE_CHECKING:  # the storage code loads when a command runs, not for --help
+    from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
+    from ktrainer.checkpoint.io import CheckpointInfo
 
 __all__ = ["add_parser", "checkpoints_at", "branch_of_last"]
 
@@ -23,6 +24,10 @@ def checkpoints_at(url: str, storage_options: dict[str, Any]) -> tuple[FsspecChe
     URL may be a checkpoint directory, a directory of checkpoints, or a run's root (its
     `checkpoints/` folder is used).
     """
+    from ktrainer.checkpoint.format import MANIFEST
+    from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
+    from ktrainer.fs import Location
+
     location = Location(url.rstrip("/"), storage_options)
     fs, path = location.fs, location.path
     if fs.exists(f"{path}/{MANIFEST}") or location.url.rsplit("/", 1)[-1].startswith("step-"):
@@ -93,7 +98,7 @@ def _line(info: CheckpointInfo, on_branch: bool) -> str:
     fields = info.fields
     metrics = fields.get("metrics") if isinstance(fields.get("metrics"), dict) else {}
     shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())
-                      if isinstance(v, int | float) and not k.startswith(("time/", "lr-")))
+                      if isinstance(v, int | float) and not k.startswith(("time/", "perf/", "lr-")))
     committed = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.committed)) if info.committed else "-"
     parent = fields.get("parent")
     parent_name = parent.rsplit("/", 1)[-1] if isinstance(parent, str) else "-"
@@ -136,6 +141,7 @@ def run_export(args: argparse.Namespace) -> int:
     import numpy as np
 
     from ktrainer.checkpoint.snapshot import from_files
+    from ktrainer.fs import Location
 
     io, names = checkpoints_at(args.uri, args.storage_options)
     if names is None:

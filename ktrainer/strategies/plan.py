@@ -108,6 +108,7 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
         if strategy not in ("auto", "multi_worker"):
             raise ValueError(f"strategy={strategy!r} cannot run on num_nodes={num_nodes} nodes (or a TF_CONFIG "
                              "cluster); use strategy='multi_worker' or 'auto'.")
+        check_cluster_description(num_nodes)
         return DevicePlan(accelerator, (), "multi_worker", max(num_nodes, len(_cluster_tasks())))
     indices = _device_indices(devices, accelerator, len(gpus))
     if strategy == "one_device" and len(indices) > 1:
@@ -120,6 +121,27 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
         _split_cpu(max(indices) + 1, devices)
     chosen = strategy if strategy != "auto" else ("mirrored" if len(names) > 1 else "one_device")
     return DevicePlan(accelerator, names, chosen)
+
+
+def check_cluster_description(num_nodes: int) -> None:
+    """`num_nodes > 1` needs a TF_CONFIG naming this process's place in a cluster of that many workers.
+
+    Raises:
+        ValueError: Naming TF_CONFIG, SLURM and `ktrainer launch`, instead of one process training alone.
+    """
+    tasks = _cluster_tasks()
+    if num_nodes > 1 and "TF_CONFIG" not in os.environ:
+        slurm = " (this is a SLURM job: build TF_CONFIG from SLURM's variables, see docs/distributed.md)" if (
+            "SLURM_JOB_ID" in os.environ) else ""
+        raise ValueError(
+            f"num_nodes={num_nodes} needs a cluster description, but TF_CONFIG is not set{slurm}: this process would "
+            f"train alone. Start the workers with `ktrainer launch --nodes {num_nodes} -- <command>` (one machine), "
+            "set TF_CONFIG on every node (Kubernetes operators do), or under SLURM build it from SLURM's variables "
+            "(docs/distributed.md). For one machine, leave num_nodes=1."
+        )
+    if num_nodes > 1 and len(tasks) != num_nodes:
+        raise ValueError(f"num_nodes={num_nodes}, but TF_CONFIG describes a cluster of {len(tasks)} tasks. Make them "
+                         "agree (or leave num_nodes=1 and let TF_CONFIG decide).")
 
 
 def _cluster_tasks() -> list:

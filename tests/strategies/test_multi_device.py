@@ -73,3 +73,10 @@ def test_asking_for_more_devices_than_exist_names_what_is_there(results):
     assert results["logical_cpus"] == 4
     for asked, message in results["errors"].items():
         assert "TensorFlow has already initialized its devices with 4" in message, asked
+
+
+def test_data_smaller_than_one_global_batch_is_an_error_naming_the_sizes(results):
+    message = results["zero_steps"]
+    for words in ("0 training batches", "40 examples", "global batch 64", "batch_size=16 per device x 4 replicas",
+                  "smaller batch_size"):
+        assert words in message, message

@@ -1,0 +1,64 @@
+"""Calling the Module's step hooks as Lightning users write them: `(batch)` or `(batch, batch_idx)`, returning
+a loss or a dict with a "loss" key.
+
+`batch_idx` is the batch's index within the epoch (or the evaluation run), a tensor inside the compiled
+step: `CompiledSteps` marks the index of the step it traces with `traced_batch_index`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = ["call_step_hook", "traced_batch_index", "loss_from_return", "takes_batch_idx"]
+
+_shared = {"index": None}  # MirroredStrategy traces each replica's step in a thread of its own
+
+
+@contextmanager
+def traced_batch_index(index: Any) -> Iterator[None]:
+    """While tracing one step: the batch index the step hooks receive (a scalar int64 tensor)."""
+    previous = _shared["index"]
+    _shared["index"] = index
+    try:
+        yield
+    finally:
+        _shared["index"] = previous
+
+
+def takes_batch_idx(hook: Any) -> bool:
+    """True when a bound step hook takes a second positional argument (Lightning's `batch_idx`)."""
+    parameters = list(inspect.signature(hook).parameters.values())
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+
+
+def call_step_hook(module: Any, name: str, batch: Any) -> Any:
+    """`module.<name>(batch)`, or `(batch, batch_idx)` when the hook takes it."""
+    hook = getattr(module, name)
+    if not takes_batch_idx(hook):
+        return hook(batch)
+    index = _shared["index"]
+    return hook(batch, tf.constant(0, tf.int64) if index is None else index)
+
+
+def loss_from_return(module: Any, returned: Any, hook: str, prefix: str) -> Any:
+    """The loss a step hook returned. A dict (Lightning's habit) gives its "loss"; its other entries are logged
+    (as `{prefix}/{key}` unless the key names its own prefix, e.g. "train/acc").
+
+    Raises:
+        ValueError: For a dict without a "loss" entry, naming the keys it has.
+    """
+    if not isinstance(returned, dict):
+        return returned
+    if "loss" not in returned:
+        raise ValueError(f"{hook} returned a dict with keys {sorted(returned)}, but no 'loss': return the loss "
+                         "tensor, or a dict whose 'loss' entry is the scalar loss (other entries are logged).")
+    for key, value in returned.items():
+        if key != "loss":
+            module.log(key if "/" in key else f"{prefix}/{key}", value)
+    return returned["loss"]

@@ -1,0 +1,39 @@
+"""Where ktrainer's events go: the "ktrainer" logger, visible by default, TensorFlow's noise kept down.
+
+Events a user must see (the run summary at the start of fit, the resumed checkpoint, why a run
+stopped) are INFO lines of the "ktrainer" logger. An application that configured logging decides
+what it shows; one that did not (a script, a notebook) sees them on stderr, as Lightning shows its
+own. `-v` on the command line adds ktrainer's DEBUG lines, never a second copy of a line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+__all__ = ["LOGGER_NAME", "show_events", "configure_logging"]
+
+LOGGER_NAME = "ktrainer"
+
+
+def show_events() -> None:
+    """Show ktrainer's INFO lines on stderr when the application set up no logging of its own."""
+    logger = logging.getLogger(LOGGER_NAME)
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    logger.propagate = False  # a root handler added later would print each line twice
+
+
+def configure_logging(verbose: bool = False) -> None:
+    """The command line's logging: ktrainer's events (DEBUG too when `verbose`); TensorFlow's warnings only."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logger = logging.getLogger(LOGGER_NAME)
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    show_events()
+    for noisy in ("tensorflow", "absl", "h5py", "jax"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if verbose else logging.ERROR)

@@ -1,0 +1,81 @@
+"""Checks of a user's Module that catch silent mistakes before anything is built or written."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import keras
+
+__all__ = ["check_layers_created_in_build", "defines_hook", "warn_val_data_without_validation_step",
+           "check_training_steps"]
+
+
+def defines_hook(module: Any, hook: str, base: type) -> bool:
+    """True when the Module's class overrides `hook` of `base`."""
+    return getattr(type(module), hook) is not getattr(base, hook)
+
+
+def _layers_in(value: Any) -> list[keras.layers.Layer]:
+    if isinstance(value, keras.layers.Layer):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [item for item in value if isinstance(item, keras.layers.Layer)]
+    if isinstance(value, dict):
+        return [item for item in value.values() if isinstance(item, keras.layers.Layer)]
+    return []
+
+
+def check_layers_created_in_build(module: Any) -> None:
+    """A Keras model or layer found on a Module that was never built was created outside `build()`.
+
+    Created there, it misses the precision policy (it computes in float32 under "16-mixed") and the
+    strategy's scope (its variables live on one device; with `devices=2` TensorFlow fails obscurely).
+
+    Raises:
+        TypeError: Naming the attributes and saying to move them into `build()`.
+    """
+    if module.model is not None:  # built by an earlier fit/validate/test: its layers are the model's
+        return
+    found = [f"self.{name} ({type(layer).__name__})" for name, value in vars(module).items()
+             if not name.startswith("_") for layer in _layers_in(value)]
+    if found:
+        name = type(module).__name__
+        raise TypeError(
+            f"{name} holds Keras layers created before the Trainer built it: {', '.join(found)}. Create them in "
+            f"{name}.build() instead (return the model from build(); sub-layers may be assigned to self there): "
+            "the Trainer sets the precision policy and enters the devices' strategy scope just before build(), so "
+            "a layer made in __init__ computes in float32 under '16-mixed' and cannot be placed on several devices."
+        )
+
+
+def warn_val_data_without_validation_step(module: Any, base: type) -> bool:
+    """Warn (once per fit) when validation data is given but the Module defines no `validation_step`.
+
+    Returns:
+        True when validation can run.
+    """
+    if defines_hook(module, "validation_step", base):
+        return True
+    warnings.warn(f"Validation data was given, but {type(module).__name__} defines no validation_step(), so "
+                  "validation is skipped. Define validation_step(self, batch) to validate (or pass no val_data).",
+                  UserWarning, stacklevel=3)
+    return False
+
+
+def check_training_steps(batches: int | None, examples: int | None, batch_size: int, replicas: int,
+                         what: str = "train_data") -> None:
+    """An epoch of 0 batches trains nothing: an error naming the data size, the batch size and the replicas.
+
+    Raises:
+        ValueError: When `batches` is 0.
+    """
+    if batches != 0:
+        return
+    global_batch = batch_size * replicas
+    size = f"{examples} examples" if examples is not None else "fewer examples than one global batch"
+    raise ValueError(
+        f"{what} gives 0 training batches per epoch: {size}, global batch {global_batch} (batch_size={batch_size} "
+        f"per device x {replicas} replicas). With several replicas the last incomplete batch is dropped, so every "
+        "replica gets the same number of examples. Use a smaller batch_size, fewer devices, or more data."
+    )
