@@ -73,9 +73,15 @@ def check_training_steps(batches: int | None, examples: int | None, batch_size: 
     if batches != 0:
         return
     global_batch = batch_size * replicas
-    size = f"{examples} examples" if examples is not None else "fewer examples than one global batch"
+    sizes = f"global batch {global_batch} (batch_size={batch_size} per device x {replicas} replicas)"
+    if examples is None:  # a dataset: found out when its first epoch yielded nothing
+        raise ValueError(
+            f"{what} yielded no batch in its first epoch: it is empty (check filters and takes), or holds fewer "
+            f"examples than one {sizes}, whose last incomplete batch is dropped with several replicas. Give it "
+            "data, or use a smaller batch_size or fewer devices."
+        )
     raise ValueError(
-        f"{what} gives 0 training batches per epoch: {size}, global batch {global_batch} (batch_size={batch_size} "
-        f"per device x {replicas} replicas). With several replicas the last incomplete batch is dropped, so every "
-        "replica gets the same number of examples. Use a smaller batch_size, fewer devices, or more data."
+        f"{what} gives 0 training batches per epoch: {examples} examples, {sizes}. With several replicas the last "
+        "incomplete batch is dropped, so every replica gets the same number of examples. Use a smaller "
+        "batch_size, fewer devices, or more data."
     )

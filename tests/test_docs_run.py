@@ -34,6 +34,8 @@ def test_a_runnable_block_runs_as_written(where, code, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, f"{where} failed:\n{done.stderr[-3000:]}"
     if where == "README.md#0":  # the quick start trains, resumes to epoch 5 and validates well
+        lines = done.stderr.splitlines()  # a script without logging set up sees each event once
+        assert sum(line == "Fit:" for line in lines) == 2 and sum(line.startswith("Stopped:") for line in lines) == 2
         assert "Stopped: max_epochs=5 reached, at step 240 (epoch 5)" in done.stderr
         assert "resumed from runs/exp1/checkpoints/step-00000144 at step 144" in done.stderr
         metrics = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - the dict the block prints

@@ -4,10 +4,6 @@ events of a run shown (what will run at the start, why it stopped at the end).""
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -177,26 +173,3 @@ def test_the_stop_line_names_early_stopping_and_its_metric(caplog):
     messages = fit_messages(caplog, quiet_trainer(max_epochs=10, callbacks=[stopper]), Regression())
     assert messages[-1].startswith("Stopped: EarlyStopping: train/loss_epoch did not improve for 1 checks (best ")
     assert "at step 10 (epoch 2)" in messages[-1]
-
-
-def test_a_script_without_logging_set_up_shows_the_events_once_each(tmp_path):
-    script = tmp_path / "script.py"
-    repository = Path(__file__).resolve().parent.parent
-    script.write_text(textwrap.dedent(f"""
-        import logging, sys
-        import keras, numpy as np
-        import ktrainer as kt
-        sys.path.insert(0, {str(repository)!r})
-        from tests.test_first_hour import Regression, regression_data
-
-        kt.Trainer(max_epochs=1, batch_size=8, enable_progress_bar=False, logger=False).fit(
-            Regression(), train_data=regression_data())
-        logging.basicConfig(level=logging.INFO)  # an application that sets up logging later: still once each
-        kt.Trainer(max_epochs=1, batch_size=8, enable_progress_bar=False, logger=False).fit(
-            Regression(), train_data=regression_data())
-    """))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stderr.splitlines()
-    assert sum(line == "Fit:" for line in lines) == 2
-    assert sum(line.startswith("Stopped: max_epochs=1 reached") for line in lines) == 2

@@ -79,6 +79,7 @@ def test_a_new_process_resuming_equals_the_straight_run(request, precision, k, t
     assert second["scale"] == whole["scale"]
 
 
+@pytest.mark.slow  # the default run resumes seeded runs exactly; this is the drawn-seed variant
 def test_seed_none_resumes_exactly_with_the_drawn_shuffle_seed(tmp_path):
     # The straight run draws its own shuffle seed (and initial weights) and checkpoints step 7 on its way
     # to 12; a new process resuming that checkpoint must continue with the same data order.
@@ -91,7 +92,7 @@ def test_seed_none_resumes_exactly_with_the_drawn_shuffle_seed(tmp_path):
     assert_same_run({"losses": whole["losses"][:7]}, second, whole)
 
 
-@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+@pytest.mark.parametrize("precision", [pytest.param("bf16-true", marks=pytest.mark.slow), "16-true"])
 def test_16_bit_true_checkpoints_save_and_resume_bit_for_bit(tmp_path, precision):
     whole = inline(tmp_path / "straight", 8, precision)
     first = inline(tmp_path / "run", 6, precision)

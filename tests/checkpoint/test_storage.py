@@ -96,14 +96,14 @@ def _kill_trials(root, options, trials, cwd, seed):
 @pytest.mark.filterwarnings("ignore:Checkpoint .* is not valid")
 @pytest.mark.filterwarnings("ignore:Resuming. the checkpoint has state")
 def test_sigkill_at_random_moments_always_leaves_a_resumable_checkpoint_locally(tmp_path):
-    _kill_trials(str(tmp_path / "runs"), {}, 3, tmp_path, seed=1)
+    _kill_trials(str(tmp_path / "runs"), {}, 2, tmp_path, seed=1)
 
 
 @pytest.mark.filterwarnings("ignore:Checkpoint .* is not valid")
 @pytest.mark.filterwarnings("ignore:Resuming. the checkpoint has state")
 def test_sigkill_at_random_moments_always_leaves_a_resumable_checkpoint_on_s3(s3_bucket, tmp_path):
     root, options = s3_bucket
-    _kill_trials(root, options, 3, tmp_path, seed=2)
+    _kill_trials(root, options, 2, tmp_path, seed=2)
 
 
 @pytest.mark.slow
