@@ -31,10 +31,14 @@ def traced_batch_index(index: Any) -> Iterator[None]:
 
 
 def takes_batch_idx(hook: Any) -> bool:
-    """True when a bound step hook takes a second positional argument (Lightning's `batch_idx`)."""
+    """True when a bound step hook takes Lightning's `batch_idx`: a second positional parameter named so, or
+    without a default (`training_step(self, batch, training=True)` is not given an index)."""
     parameters = list(inspect.signature(hook).parameters.values())
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+    if len(positional) >= 2:
+        second = positional[1]
+        return second.name == "batch_idx" or second.default is inspect.Parameter.empty
+    return any(p.kind == p.VAR_POSITIONAL for p in parameters)
 
 
 def call_step_hook(module: Any, name: str, batch: Any) -> Any:
@@ -47,8 +51,9 @@ def call_step_hook(module: Any, name: str, batch: Any) -> Any:
 
 
 def loss_from_return(module: Any, returned: Any, hook: str, prefix: str) -> Any:
-    """The loss a step hook returned. A dict (Lightning's habit) gives its "loss"; its other entries are logged
-    (as `{prefix}/{key}` unless the key names its own prefix, e.g. "train/acc").
+    """The loss a step hook returned. A dict (Lightning's habit) gives its "loss"; its other scalar entries are
+    logged (as `{prefix}/{key}` unless the key names its own prefix, e.g. "train/acc"); the rest (predictions,
+    targets) are left alone, as Lightning keeps them for the hooks rather than the logs.
 
     Raises:
         ValueError: For a dict without a "loss" entry, naming the keys it has.
@@ -59,6 +64,11 @@ def loss_from_return(module: Any, returned: Any, hook: str, prefix: str) -> Any:
         raise ValueError(f"{hook} returned a dict with keys {sorted(returned)}, but no 'loss': return the loss "
                          "tensor, or a dict whose 'loss' entry is the scalar loss (other entries are logged).")
     for key, value in returned.items():
-        if key != "loss":
+        if key != "loss" and _is_scalar(value):
             module.log(key if "/" in key else f"{prefix}/{key}", value)
     return returned["loss"]
+
+
+def _is_scalar(value: Any) -> bool:
+    shape = getattr(value, "shape", None)
+    return isinstance(value, int | float) or (shape is not None and len(shape) == 0)

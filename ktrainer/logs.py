@@ -16,17 +16,27 @@ __all__ = ["LOGGER_NAME", "show_events", "configure_logging"]
 LOGGER_NAME = "ktrainer"
 
 
+class _UntilTheApplicationLogs(logging.Filter):
+    """Passes records while the root logger has no handler: once the application sets up logging (even
+    after the first Trainer), its handlers show ktrainer's lines and this one steps aside, so none is doubled."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers
+
+
 def show_events() -> None:
     """Show ktrainer's INFO lines on stderr when the application set up no logging of its own."""
     logger = logging.getLogger(LOGGER_NAME)
+    if any(isinstance(each, _UntilTheApplicationLogs) for handler in logger.handlers for each in handler.filters):
+        return
     if logger.handlers or logging.getLogger().handlers:
         return
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.addFilter(_UntilTheApplicationLogs())
     logger.addHandler(handler)
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
-    logger.propagate = False  # a root handler added later would print each line twice
 
 
 def configure_logging(verbose: bool = False) -> None:

@@ -35,8 +35,8 @@ def check_layers_created_in_build(module: Any) -> None:
     Raises:
         TypeError: Naming the attributes and saying to move them into `build()`.
     """
-    if module.model is not None:  # built by an earlier fit/validate/test: its layers are the model's
-        return
+    if module.model is not None and module.model is getattr(module, "_built_model", None):
+        return  # built by an earlier fit/validate/test: its layers are the model's
     found = [f"self.{name} ({type(layer).__name__})" for name, value in vars(module).items()
              if not name.startswith("_") for layer in _layers_in(value)]
     if found:
@@ -45,7 +45,9 @@ def check_layers_created_in_build(module: Any) -> None:
             f"{name} holds Keras layers created before the Trainer built it: {', '.join(found)}. Create them in "
             f"{name}.build() instead (return the model from build(); sub-layers may be assigned to self there): "
             "the Trainer sets the precision policy and enters the devices' strategy scope just before build(), so "
-            "a layer made in __init__ computes in float32 under '16-mixed' and cannot be placed on several devices."
+            "a layer made in __init__ computes in float32 under '16-mixed' and cannot be placed on several devices. "
+            "A layer that only prepares data (used in train_data(), outside the model) may stay: give it a name "
+            "that starts with '_', e.g. self._normalize."
         )
 
 
@@ -76,7 +78,8 @@ def check_training_steps(batches: int | None, examples: int | None, batch_size: 
     sizes = f"global batch {global_batch} (batch_size={batch_size} per device x {replicas} replicas)"
     if examples is None:  # a dataset: found out when its first epoch yielded nothing
         raise ValueError(
-            f"{what} yielded no batch in its first epoch: it is empty (check filters and takes), or holds fewer "
+            f"{what} yielded no batch in an epoch: it is empty (check filters and takes; an iterator is used up "
+            "after one epoch), or holds fewer "
             f"examples than one {sizes}, whose last incomplete batch is dropped with several replicas. Give it "
             "data, or use a smaller batch_size or fewer devices."
         )

@@ -171,6 +171,8 @@ class Trainer:
         self.max_epochs = check_int("max_epochs", max_epochs, minimum=1, allow_none=True)
         if max_epochs is None and max_steps is None:
             self.max_epochs = _DEFAULT_MAX_EPOCHS
+            log.warning("Neither max_epochs nor max_steps is set: training stops after max_epochs=%d. Set one of "
+                        "them to say when the run ends.", _DEFAULT_MAX_EPOCHS)
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.precision = resolve_precision(precision)
         self.float32_layers = list(float32_layers or [])
@@ -474,8 +476,8 @@ class Trainer:
             self._log_hyperparameters(module)
             self._call("on_fit_start", module)
             if self._finished():
-                log.warning("Nothing to train: the run is at step %d (epoch %d), which already reaches %s. Raise "
-                            "the limit to train on.", self.global_step, self.current_epoch, stop_reason(self))
+                log.warning("Nothing to train: the run is at step %d (epoch %d): %s. Raise the limit to train on.",
+                            self.global_step, self.current_epoch, stop_reason(self))
             started = time.monotonic()
             try:
                 while not self._finished():
@@ -873,7 +875,7 @@ class Trainer:
                         f"{type(module).__name__}.build() returned {type(model).__name__}; it must return "
                         "a keras.Model (e.g. keras.Sequential([...]))."
                     )
-                module.model = model
+                module.model = module._built_model = model
                 unmatched = [s for s in self.float32_layers if s not in matched]
                 if unmatched:  # names Keras gave: known only now
                     keep_float32(model, unmatched)

@@ -75,6 +75,20 @@ def test_a_layer_created_in_init_is_an_error_that_says_to_move_it_into_build(tmp
     assert not (tmp_path / "tensorboard").exists() and not (tmp_path / "checkpoints").exists()  # nothing written
 
 
+class ModelInInit(Regression):
+    def __init__(self):
+        super().__init__()
+        self.model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+
+    def build(self):
+        return self.model
+
+
+def test_a_model_assigned_in_init_is_refused_too():
+    with pytest.raises(TypeError, match=r"self.model \(Sequential\).*ModelInInit.build\(\) instead"):
+        quiet_trainer(max_steps=1, precision="16-mixed").fit(ModelInInit(), train_data=regression_data())
+
+
 def test_a_module_built_by_an_earlier_call_is_not_mistaken_for_one_built_outside_build():
     module, trainer = Regression(), quiet_trainer(max_epochs=1)
     trainer.fit(module, train_data=regression_data())
@@ -126,6 +140,19 @@ def test_batch_idx_is_the_index_within_the_epoch_and_a_dict_return_logs_its_entr
     np.testing.assert_array_equal(predictions, np.repeat([0.0, 1.0, 2.0], [8, 8, 4]))
 
 
+class NotLightning(Regression):
+    def training_step(self, batch, training=True):  # a second parameter with a default is not batch_idx
+        x, y = batch
+        predictions = self.model(x, training=training)[:, 0]
+        return {"loss": keras.ops.mean(keras.ops.square(predictions - y)), "preds": predictions}
+
+
+def test_a_defaulted_second_parameter_gets_no_index_and_non_scalar_entries_are_not_logged():
+    trainer = quiet_trainer(max_steps=2)
+    trainer.fit(NotLightning(), train_data=regression_data())
+    assert trainer.global_step == 2 and "train/preds" not in trainer.callback_metrics
+
+
 class DictWithoutLoss(Regression):
     def training_step(self, batch):
         return {"total": super().training_step(batch)}
@@ -164,8 +191,8 @@ def test_the_start_block_and_the_stop_line_say_what_runs_and_why_it_stopped(capl
 
     again = kt.Trainer(max_epochs=3, batch_size=8, enable_progress_bar=False, default_root_dir=str(tmp_path))
     messages = fit_messages(caplog, again, Regression(), ckpt_path="last")
-    assert any(m.startswith("Nothing to train: the run is at step 15 (epoch 3), which already reaches "
-                            "max_epochs=3 reached") for m in messages)
+    assert "Nothing to train: the run is at step 15 (epoch 3): max_epochs=3 reached. Raise the limit to train on." \
+        in messages
 
 
 def test_the_stop_line_names_early_stopping_and_its_metric(caplog):

@@ -248,8 +248,9 @@ class ThroughputMonitor(Callback):
     there is no MFU (nor measured FLOPs); nothing is warned.
 
     Args:
-        flops_per_step: FLOPs of one training step on one global batch: forward and backward, all
-            replicas together. None: counted, when a peak is known.
+        flops_per_step: FLOPs of the training step of one global batch: forward and backward, all
+            replicas together (with `accumulate_grad_batches`, an optimizer step is several of
+            these). None: counted, when a peak is known.
         peak_flops_per_device: Peak FLOP/s of one device in the run's precision. None: from the table.
 
     Raises:

@@ -13,9 +13,13 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, set_parsing_settings
 
 from ktrainer.cli.signature import UNSET, trainer_signature_stub
+
+# An `Any`-typed Trainer argument (callbacks, logger) keeps a `class_path` spec as given; `instantiate` below
+# builds it, looking short names up in ktrainer (jsonargparse's own building of such specs is deprecated).
+set_parsing_settings(instantiate_subclass_spec_in_any=False)
 
 __all__ = ["RunParser", "expand_short_flags", "instantiate", "load_target_from_config"]
 
@@ -68,7 +72,7 @@ class RunParser:
         self.parser.add_argument("--print-config", action="store_true",
                                  help="print the whole resolved configuration as YAML and exit (save it and "
                                       "pass it back with --config)")
-        self.parser.add_argument("--ckpt-path", type=str | None, default=None,
+        self.parser.add_argument("--ckpt-path", "--ckpt_path", type=str | None, default=None,
                                  help='resume from "last", "best" or a checkpoint URI')
         if module_class is not None:
             self.parser.add_class_arguments(module_class, "module", fail_untyped=False,
@@ -106,10 +110,13 @@ class RunParser:
                 if self._defaults.get(name, UNSET) is UNSET and value is not None
                 or self._defaults.get(name, UNSET) is not UNSET and value != self._defaults[name]}
 
-    @staticmethod
-    def module_kwargs(config: Namespace) -> dict[str, Any]:
-        """The Module's constructor arguments."""
-        return config.module.as_dict() if "module" in config and config.module is not None else {}
+    def build_module(self, config: Namespace, module_class: type) -> Any:
+        """The Module, built from its arguments; arguments given by `class_path` are built first, as
+        LightningCLI does."""
+        built = self.parser.instantiate(config).get("module")
+        if isinstance(built, module_class):
+            return built
+        return module_class(**(built.as_dict() if isinstance(built, Namespace) else {}))
 
 
 def load_target_from_config(argv: Sequence[str], read: Callable[[str], dict]) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,8 @@ DESCRIPTION = ("Train the Module TARGET (FILE.py:ClassName or package.module:Cla
                "both can come from a YAML file (--config run.yaml; --print-config writes the full one). "
                "Resume with --ckpt-path last, best or a checkpoint URI.")
 
+
+log = logging.getLogger("ktrainer")
 
 DESCRIPTIONS = {
     "fit": DESCRIPTION,
@@ -44,9 +47,13 @@ def load_module_class(target: str) -> type:
         path = Path(location)
         if not path.is_file():
             raise ValueError(f"No such file: {location}.")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
+        folder = str(path.resolve().parent)  # its sibling files import, as under `python path/file.py`
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        name = f"_ktrainer_target_{path.stem}"  # a file named keras.py or yaml.py must not replace those
+        spec = importlib.util.spec_from_file_location(name, path)
         python_module = importlib.util.module_from_spec(spec)
-        sys.modules[path.stem] = python_module
+        sys.modules[name] = python_module
         spec.loader.exec_module(python_module)
     else:
         try:
@@ -93,8 +100,8 @@ def run_stage(stage: str, argv: Sequence[str]) -> int:
         argv = [target, *argv] if target else argv
     asks_help = any(token in ("-h", "--help") for token in argv)
     if not target and not asks_help:
-        raise ValueError(f"ktrainer {stage} needs the Module to {stage}: TARGET as FILE.py:ClassName or "
-                         "package.module:ClassName, or `target:` in a --config file.")
+        raise ValueError(f"ktrainer {stage} needs the Module to {stage}: TARGET (FILE.py:ClassName or "
+                         f"package.module:ClassName) right after `{stage}`, or `target:` in a --config file.")
     module_class = load_module_class(target) if target and not target.startswith("-") else None
     parser = RunParser(f"ktrainer {stage}", DESCRIPTIONS[stage], module_class=module_class)
     config = parser.parse(argv)
@@ -104,12 +111,16 @@ def run_stage(stage: str, argv: Sequence[str]) -> int:
 
     import ktrainer as kt
 
-    module = module_class(**parser.module_kwargs(config))
+    module = parser.build_module(config, module_class)
     trainer = kt.Trainer(**parser.trainer_kwargs(config))
     if stage == "fit":
         trainer.fit(module, ckpt_path=config.ckpt_path)
         print_summary(trainer)
         return 0
+    if config.ckpt_path is None:
+        log.warning("ktrainer %s without --ckpt-path evaluates the weights %s.build() creates (untrained): pass "
+                    "--ckpt-path last, best or a checkpoint URI to evaluate a trained run.", stage,
+                    module_class.__name__)
     metrics = getattr(trainer, stage)(module, ckpt_path=config.ckpt_path)
     if not any(isinstance(each, kt.callbacks.ProgressBar) for each in trainer.callbacks):  # it prints the table
         from ktrainer.callbacks.results_table import results_table
@@ -121,8 +132,11 @@ def run_stage(stage: str, argv: Sequence[str]) -> int:
 def _read_yaml(path: str) -> dict:
     import yaml
 
-    with open(path, encoding="utf-8") as stream:
-        loaded = yaml.safe_load(stream)
+    try:
+        with open(path, encoding="utf-8") as stream:
+            loaded = yaml.safe_load(stream)
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"Cannot read the config file {path}: {error}") from error
     return loaded if isinstance(loaded, dict) else {}
 
 

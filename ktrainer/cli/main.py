@@ -6,7 +6,9 @@ Nothing here imports Keras or TensorFlow: help answers at once, and a command im
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from ktrainer.checkpoint.io import CheckpointError
@@ -14,6 +16,8 @@ from ktrainer.cli import ckpt, compare_precision, demo, fit, launch
 from ktrainer.logs import configure_logging
 
 __all__ = ["main", "build_parser"]
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the ktrainer package's folder
 
 # Commands whose arguments come from signatures (jsonargparse): they take the rest of the line.
 _SIGNATURE_COMMANDS = {"fit": fit.run_fit, "validate": fit.run_validate, "test": fit.run_test,
@@ -55,8 +59,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ktrainer {args.command}: error: {error}\nSee: ktrainer {args.command} --help", file=sys.stderr)
         return 2
     except (ValueError, TypeError, CheckpointError) as error:
-        print(f"ktrainer: error: {error}", file=sys.stderr)
+        if not _raised_by_ktrainer(error):
+            raise  # the user's code (or a library under it) failed: its traceback is what helps
+        print(f"ktrainer {args.command}: error: {error}", file=sys.stderr)
         return 2
+
+
+def _raised_by_ktrainer(error: BaseException) -> bool:
+    """True for ktrainer's own checks of what it was given (one line says it all); False for an error raised in
+    the user's Module or a library it called, whose traceback the user needs."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and frames[-1].filename.startswith(_PACKAGE)
 
 
 if __name__ == "__main__":

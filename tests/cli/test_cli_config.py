@@ -139,6 +139,8 @@ def test_callbacks_in_a_config_are_built_from_class_path(package, tmp_path, caps
     (["fit", "PACKAGE:Tiny", "--max-epochs", "two"], ["trainer.max_epochs", "two"]),
     (["fit", "missing_pkg_xyz.models:Tiny"], ["Cannot import 'missing_pkg_xyz.models'", "run from the directory"]),
     (["fit", "PACKAGE:Tiny", "--config", "absent.yaml"], ["absent.yaml"]),
+    (["fit", "--config", "absent.yaml"], ["ktrainer fit: error: Cannot read the config file absent.yaml"]),
+    (["fit", "PACKAGE:Tiny", "--max-epochs", "0", "--no-logger"], ["ktrainer fit: error: max_epochs must be"]),
 ])
 def test_command_line_mistakes_are_one_clear_error(package, argv, words, capsys):
     argv = [token.replace("PACKAGE", package) for token in argv]
@@ -157,8 +159,8 @@ def _fastest_run(command: list[str]) -> float:
     return best
 
 
-@pytest.mark.parametrize("command", [[], ["fit"], ["demo"], ["ckpt"], ["ckpt", "ls"], ["launch"],
-                                     ["compare-precision"]], ids=lambda c: " ".join(c) or "ktrainer")
+@pytest.mark.parametrize("command", [[], ["fit"], ["validate"], ["test"], ["demo"], ["ckpt"], ["ckpt", "ls"],
+                                     ["launch"], ["compare-precision"]], ids=lambda c: " ".join(c) or "ktrainer")
 def test_help_answers_without_importing_tensorflow(command):
     argv = [sys.executable, "-X", "importtime", "-m", "ktrainer.cli.main", *command, "--help"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
@@ -166,15 +168,39 @@ def test_help_answers_without_importing_tensorflow(command):
     assert "usage:" in done.stdout
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time")}
     assert not imported & {"tensorflow", "keras", "jax"}
-    if command in ([], ["fit"]):
+    if command in ([], ["fit"], ["validate"]):
         # A ratio, not a time: Python's own start is the unit (importing TensorFlow alone is about 130 of them).
         ratio = _fastest_run(argv[:1] + argv[3:]) / _fastest_run([sys.executable, "-c", "pass"])
-        assert ratio < 30, f"--help took {ratio:.1f}x the start of a bare Python"
+        assert ratio < 15, f"--help took {ratio:.1f}x the start of a bare Python"
 
 
-def test_a_file_target_and_a_package_target_load_the_same_class(package, tmp_path):
+def test_a_file_target_and_a_package_target_load_the_same_source_and_shadow_nothing(package, tmp_path):
     from ktrainer.cli.fit import load_module_class
 
     by_package = load_module_class(f"{package}:Tiny")
     by_file = load_module_class(f"{Path(package.replace('.', '/'))}.py:Tiny")
-    assert by_package.__name__ == by_file.__name__ == "Tiny"
+    assert inspect.getsourcefile(by_package) == inspect.getsourcefile(by_file) == str(
+        tmp_path / package.replace(".", "/")) + ".py"
+    (tmp_path / "yaml.py").write_text("from userpkg_helper import Helper as Model\n")  # a sibling import
+    (tmp_path / "userpkg_helper.py").write_text("class Helper:\n    pass\n")
+    assert load_module_class("yaml.py:Model").__name__ == "Helper"
+    assert hasattr(sys.modules["yaml"], "safe_load")  # the real yaml is still yaml
+
+
+def test_lightning_spellings_and_a_target_after_flags(package, capsys):
+    from ktrainer.cli.config import RunParser
+
+    config = RunParser("ktrainer fit", "", module_class=None).parse([f"{package}:Tiny", "--ckpt_path", "best"])
+    assert config.ckpt_path == "best"
+    assert main(["fit", "--max-epochs", "2", f"{package}:Tiny"]) == 2
+    assert "TARGET (FILE.py:ClassName or package.module:ClassName) right after `fit`" in capsys.readouterr().err
+
+
+def test_an_error_in_the_users_module_keeps_its_traceback(package, tmp_path):
+    (tmp_path / "broken.py").write_text(TINY + textwrap.dedent("""
+        class Broken(Tiny):
+            def build(self):
+                raise ValueError("my build is broken")
+    """))
+    with pytest.raises(ValueError, match="my build is broken"):  # not shortened to one line
+        main(["fit", "broken.py:Broken", "--max-steps", "1", "--no-progress-bar"])
