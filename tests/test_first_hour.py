@@ -200,3 +200,13 @@ def test_the_stop_line_names_early_stopping_and_its_metric(caplog):
     messages = fit_messages(caplog, quiet_trainer(max_epochs=10, callbacks=[stopper]), Regression())
     assert messages[-1].startswith("Stopped: EarlyStopping: train/loss_epoch did not improve for 1 checks (best ")
     assert "at step 10 (epoch 2)" in messages[-1]
+
+
+def test_the_stop_line_names_the_best_monitored_metric_and_the_last_checkpoint(caplog, tmp_path):
+    checkpoint = kt.callbacks.ModelCheckpoint(monitor="train/loss_epoch", save_top_k=1)
+    trainer = kt.Trainer(max_epochs=2, batch_size=8, enable_progress_bar=False, logger=False,
+                         default_root_dir=str(tmp_path), callbacks=[checkpoint])
+    messages = fit_messages(caplog, trainer, Regression())
+    best = trainer.checkpoint_callback.best_value
+    assert f"best train/loss_epoch={best:.6g}" in messages[-1]
+    assert f"last checkpoint {tmp_path}/checkpoints/step-00000010" in messages[-1]

@@ -59,6 +59,28 @@ FAILING = textwrap.dedent("""
 """)
 
 
+RAISING = textwrap.dedent("""
+    import json, os, sys, time
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    fifo = sys.argv[1]
+    if index == 0:
+        with open(fifo, "w"):
+            while True:
+                time.sleep(600)
+    with open(fifo):
+        raise RuntimeError("the training script broke")
+""")
+
+
+def test_a_worker_that_raises_stops_the_others_and_its_traceback_is_shown(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    result = run_launch(sys.executable, "-c", RAISING, str(fifo))
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "ktrainer launch: worker 1 failed with exit status 1; stopped the other workers" in result.stderr
+    assert "[worker 1] RuntimeError: the training script broke" in result.stderr.splitlines()
+
+
 def test_a_failing_worker_stops_the_others_and_is_named(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
