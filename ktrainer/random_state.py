@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from keras.src.random.seed_generator import global_seed_generator
+
+from ktrainer.compat.keras_internals import keras_seed_state
 
 __all__ = ["capture_random_state", "restore_random_state"]
 
@@ -20,7 +21,7 @@ def capture_random_state() -> dict[str, Any]:
         "python": [version, list(internal), gauss],
         "numpy": [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]],
         "tensorflow": tf.random.get_global_generator().state.numpy().tolist(),
-        "keras": np.asarray(global_seed_generator().state).tolist(),
+        "keras": np.asarray(keras_seed_state()).tolist(),
     }
 
 
@@ -31,5 +32,5 @@ def restore_random_state(state: dict[str, Any]) -> None:
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
     tf.random.get_global_generator().state.assign(np.array(state["tensorflow"], dtype=np.int64))
-    generator = global_seed_generator().state
+    generator = keras_seed_state()
     generator.assign(np.array(state["keras"], dtype=generator.dtype))

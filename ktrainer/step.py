@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ktrainer.compat.keras_internals import with_unscaled_losses
 from ktrainer.hooks import call_step_hook, loss_from_return, traced_batch_index
 
 __all__ = ["CompiledSteps", "EvalStep", "compile_predict_step", "BATCH_SIZE", "APPLIED", "SKIPPED",
@@ -50,7 +51,7 @@ class CompiledSteps:
         *,
         jit_compile: bool = False,
     ) -> None:
-        self._step_fn = step_fn
+        self._step_fn = with_unscaled_losses(step_fn)
         self._strategy = strategy
         self._keys = list(output_keys)
         self._function = tf.function(self._run_steps, jit_compile=jit_compile)
@@ -121,7 +122,7 @@ def discover_outputs(step_fn: Callable[[Any], dict], element_spec: Any) -> list[
     Tracing builds the model's variables (a subclassed model may not be built yet) and runs
     the checks on the loss and logged values, before anything is trained or written.
     """
-    concrete = tf.function(step_fn).get_concrete_function(element_spec)
+    concrete = tf.function(with_unscaled_losses(step_fn)).get_concrete_function(element_spec)
     return list(concrete.structured_outputs)
 
 
@@ -218,7 +219,8 @@ def compile_predict_step(module: Any, strategy: tf.distribute.Strategy) -> Calla
     def predict(batch, batch_idx):
         module._stage = "predict"
         with traced_batch_index(batch_idx):
-            outputs = strategy.run(lambda each: call_step_hook(module, "predict_step", each), args=(batch,))
+            outputs = strategy.run(with_unscaled_losses(lambda each: call_step_hook(module, "predict_step", each)),
+                                   args=(batch,))
         return tf.nest.map_structure(lambda t: strategy.gather(t, axis=0), outputs)
 
     return tf.function(predict, reduce_retracing=True)

@@ -64,7 +64,7 @@ from ktrainer.step import (
     compile_predict_step,
     discover_outputs,
 )
-from ktrainer.strategies import LR_SCALINGS, per_replica_mean_losses, plan_devices, scale_learning_rate
+from ktrainer.strategies import LR_SCALINGS, plan_devices, scale_learning_rate
 from ktrainer.strategies.hardware import visible_accelerators
 from ktrainer.tracing import warn_if_not_training, watch_calls
 from ktrainer.train_step import TrainStep
@@ -832,7 +832,6 @@ class Trainer:
         status = "success"
         stack = contextlib.ExitStack()
         try:
-            stack.enter_context(per_replica_mean_losses())
             if self.strategy is None:
                 self.strategy = self.plan.make_strategy()
             if stage == "fit":

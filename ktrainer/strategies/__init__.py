@@ -1,7 +1,6 @@
 """Devices -> a tf.distribute strategy; global batch and learning-rate scaling across replicas."""
 
-from ktrainer.strategies.loss_reduction import per_replica_mean_losses
 from ktrainer.strategies.lr_scaling import LR_SCALINGS, scale_learning_rate
 from ktrainer.strategies.plan import DevicePlan, plan_devices
 
-__all__ = ["DevicePlan", "plan_devices", "scale_learning_rate", "LR_SCALINGS", "per_replica_mean_losses"]
+__all__ = ["DevicePlan", "plan_devices", "scale_learning_rate", "LR_SCALINGS"]

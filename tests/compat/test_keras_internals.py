@@ -1,0 +1,55 @@
+"""The Keras internals ktrainer relies on are checked at import, and the loss-scaling switch is on only while a step
+is traced, never while the Trainer merely runs."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from keras.src.losses import loss as keras_loss
+
+import ktrainer as kt
+from ktrainer.compat import keras_internals
+
+ORIGINAL = keras_loss.scale_loss_for_distribution
+
+
+def test_a_keras_without_the_internal_fails_loudly(monkeypatch):
+    monkeypatch.delattr(keras_loss, "scale_loss_for_distribution")
+    with pytest.raises(ImportError, match="scale_loss_for_distribution.*install a Keras release ktrainer supports"):
+        keras_internals._check()
+
+
+class SeesKeras(kt.callbacks.Callback):
+    def __init__(self):
+        self.during_the_run = []
+
+    def on_train_batch_end(self, trainer, module, metrics, batch_idx):
+        self.during_the_run.append(keras_loss.scale_loss_for_distribution is ORIGINAL)
+
+
+class Traced(kt.Module):
+    def __init__(self):
+        super().__init__()
+        self.while_traced = []
+
+    def build(self):
+        return keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+
+    def configure_optimizers(self):
+        return keras.optimizers.SGD(0.1)
+
+    def training_step(self, batch):
+        self.while_traced.append(keras_loss.scale_loss_for_distribution is ORIGINAL)
+        x, y = batch
+        return keras.losses.MeanSquaredError()(y, self.model(x)[:, 0])
+
+
+def test_keras_is_patched_only_while_a_step_is_traced():
+    seen, module = SeesKeras(), Traced()
+    x = np.ones((16, 3), "float32")
+    kt.Trainer(max_steps=2, batch_size=8, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+               callbacks=[seen]).fit(module, train_data=(x, x.sum(axis=1)))
+    assert module.while_traced and not any(module.while_traced)  # traced: Keras's scaling off
+    assert seen.during_the_run == [True, True]  # between steps: Keras as it ships
+    assert keras_loss.scale_loss_for_distribution is ORIGINAL
