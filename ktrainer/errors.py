@@ -56,6 +56,11 @@ def check_count_or_fraction(name: str, value: Any, *, allow_zero: bool = False) 
     )
 
 
+def defines_hook(module: Any, hook: str, base: type) -> bool:
+    """True when the Module's class overrides `hook` of `base`."""
+    return getattr(type(module), hook) is not getattr(base, hook)
+
+
 def check_module_hooks(module: Any, base: type, hooks: Iterable[str]) -> None:
     """Check that a Module subclass overrides `hooks` and called `super().__init__()`.
 
@@ -70,7 +75,7 @@ def check_module_hooks(module: Any, base: type, hooks: Iterable[str]) -> None:
             f"{cls.__name__}.__init__ did not call super().__init__(). Add it as the first line."
         )
     for hook in hooks:
-        if getattr(cls, hook) is getattr(base, hook):
+        if not defines_hook(module, hook, base):
             raise TypeError(
                 f"{cls.__name__} does not define {hook}(), which the Trainer needs. "
                 f"Override {hook} in your Module."

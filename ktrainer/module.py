@@ -56,6 +56,7 @@ class Module:
 
     def __init__(self) -> None:
         self.model: keras.Model | None = None
+        self._built_model: keras.Model | None = None  # the model the Trainer's build() made, to tell it apart
         self.trainer = None
         self.hparams: dict[str, Any] = {}
         self._replica_local = threading.local()  # MirroredStrategy runs each replica's step in a thread of its own

@@ -7,13 +7,10 @@ from typing import Any
 
 import keras
 
-__all__ = ["check_layers_created_in_build", "defines_hook", "warn_val_data_without_validation_step",
+from ktrainer.errors import defines_hook
+
+__all__ = ["check_layers_created_in_build", "warn_val_data_without_validation_step",
            "check_training_steps"]
-
-
-def defines_hook(module: Any, hook: str, base: type) -> bool:
-    """True when the Module's class overrides `hook` of `base`."""
-    return getattr(type(module), hook) is not getattr(base, hook)
 
 
 def _layers_in(value: Any) -> list[keras.layers.Layer]:
@@ -35,7 +32,7 @@ def check_layers_created_in_build(module: Any) -> None:
     Raises:
         TypeError: Naming the attributes and saying to move them into `build()`.
     """
-    if module.model is not None and module.model is getattr(module, "_built_model", None):
+    if module.model is not None and module.model is module._built_model:
         return  # built by an earlier fit/validate/test: its layers are the model's
     found = [f"self.{name} ({type(layer).__name__})" for name, value in vars(module).items()
              if not name.startswith("_") for layer in _layers_in(value)]

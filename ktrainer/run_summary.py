@@ -93,7 +93,7 @@ def fit_summary(trainer: Any, module: Any, train: Any, val: Any, resumed: Any) -
 def stop_reason(trainer: Any) -> str:
     """Why the loop ended: a callback's reason, or the limit reached."""
     if trainer.should_stop:
-        return getattr(trainer, "stop_reason", None) or "a callback set trainer.should_stop"
+        return trainer.stop_reason or "a callback set trainer.should_stop"
     if trainer.max_steps is not None and trainer.global_step >= trainer.max_steps:
         return f"max_steps={trainer.max_steps} reached"
     return f"max_epochs={trainer.max_epochs} reached"

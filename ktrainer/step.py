@@ -178,7 +178,7 @@ def with_model_losses(module: Any, loss: tf.Tensor, prefix: str) -> tf.Tensor:
     Nothing is added when the model has none or `module.add_model_losses` is False.
     """
     model = module.model
-    if not getattr(module, "add_model_losses", True) or model is None or not model.losses:
+    if not module.add_model_losses or model is None or not model.losses:
         return loss
     terms = [tf.reduce_sum(tf.cast(term, tf.float32)) for term in model.losses]
     total = tf.add_n(terms)

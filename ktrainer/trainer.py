@@ -17,7 +17,7 @@ import tensorflow as tf
 from ktrainer.callbacks import Callback, ModelCheckpoint
 from ktrainer.checkpoint.format import checkpoint_name
 from ktrainer.checkpoint.resume import Resumable, check_ckpt_path, find_checkpoint
-from ktrainer.checkpoint.variables import assign_all, keyed, mismatches
+from ktrainer.checkpoint.variables import assign_all, keyed, mismatches, refuse_mismatches
 from ktrainer.components import adopt_class_keys, check_checkpoint_dirs, check_global_batch, check_keys, unique_keys
 from ktrainer.data import BatchSource, batches_per_epoch, check_validation_split, split_for_validation
 from ktrainer.errors import (
@@ -331,10 +331,7 @@ class Trainer:
         accumulation = self._train_step.mismatch(state.get("accumulation", {}))
         if accumulation:
             problems.append(accumulation)
-        if problems:
-            listed = "\n  ".join(problems[:8])
-            raise ValueError("The checkpoint does not match this model and optimizer; nothing was loaded. "
-                             f"First mismatches:\n  {listed}")
+        refuse_mismatches(problems, "this model and optimizer")
         progress = check_global_batch(state["progress"], state["run"]["global_batch_size"], self.global_batch_size,
                                       self.allow_global_batch_change)
         callbacks = unique_keys(self.callbacks)
@@ -770,10 +767,7 @@ class Trainer:
         resumed = find_checkpoint(ckpt_path, self.checkpoint_dir, self.storage_options)
         if resumed is None:
             raise ValueError(f"ckpt_path={ckpt_path!r}: there is no checkpoint under {self.checkpoint_dir.url} yet.")
-        problems = mismatches("model", resumed.state["model"], module.model.variables)
-        if problems:
-            raise ValueError("The checkpoint does not match this model; nothing was loaded. First mismatches:\n  "
-                             + "\n  ".join(problems[:8]))
+        refuse_mismatches(mismatches("model", resumed.state["model"], module.model.variables), "this model")
         assign_all(resumed.state["model"], module.model.variables)
         log.info("Evaluating the weights of %s (step %d).", resumed.info.url, resumed.state["progress"]["global_step"])
 

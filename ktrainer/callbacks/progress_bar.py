@@ -33,18 +33,17 @@ def epoch_steps(trainer: Any) -> int | None:
     """Optimizer steps in one training epoch, as the bar counts them; None when the data's length is unknown.
 
     The batches are `trainer.num_training_batches` (exact: numpy data, or an int
-    `limit_train_batches`), capped by `trainer.estimated_training_batches` when the Trainer set it (the
-    data's own estimate: a tf.data.Dataset or PyDataset), then divided by `accumulate_grad_batches`,
+    `limit_train_batches`), capped by `trainer.estimated_training_batches` (the data's own estimate,
+    also for a tf.data.Dataset or PyDataset), then divided by `accumulate_grad_batches`,
     rounding up (an epoch ends with an optimizer step for its last, partial accumulation).
     """
-    exact = trainer.num_training_batches
-    estimate = getattr(trainer, "estimated_training_batches", None)
+    exact, estimate = trainer.num_training_batches, trainer.estimated_training_batches
     batches = exact if estimate is None else estimate if exact is None else min(exact, estimate)
     return None if batches is None else math.ceil(batches / _accumulation(trainer))
 
 
 def _accumulation(trainer: Any) -> int:
-    return max(1, int(getattr(trainer, "accumulate_grad_batches", 1)))
+    return trainer.accumulate_grad_batches
 
 
 class ProgressBar(Callback):

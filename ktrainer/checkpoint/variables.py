@@ -9,7 +9,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["keyed", "read_value", "mismatches", "assign_all"]
+__all__ = ["keyed", "read_value", "mismatches", "assign_all", "refuse_mismatches"]
 
 
 def keyed(variables: Sequence[Any]) -> dict[str, Any]:
@@ -73,3 +73,14 @@ def assign_all(saved: dict[str, Any], variables: Sequence[Any]) -> None:
             backing.assign(array)  # the backend variable itself: half the time of Keras's converting assign
         else:
             variable.assign(array)
+
+
+def refuse_mismatches(problems: Sequence[str], what: str) -> None:
+    """Refuse a checkpoint whose arrays do not fit `what` ("this model", ...), before anything is loaded.
+
+    Raises:
+        ValueError: Listing the first mismatches, when there are any.
+    """
+    if problems:
+        listed = "\n  ".join(problems[:8])
+        raise ValueError(f"The checkpoint does not match {what}; nothing was loaded. First mismatches:\n  {listed}")

@@ -42,16 +42,15 @@ def gone(pid: int) -> bool:
 # Worker 0 starts a child that shares its output, says so, then blocks forever; worker 1 waits (on a FIFO, which
 # opens once worker 0 has printed) and fails with status 3.
 FAILING = textwrap.dedent("""
-    import json, os, subprocess, sys, time
+    import json, os, subprocess, sys, threading
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     fifo = sys.argv[1]
     if index == 0:
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        child = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait()"])
         print(f"worker 0 pid {os.getpid()} child {child.pid} blocks", flush=True)
         print("worker 0 on stderr", file=sys.stderr, flush=True)
         with open(fifo, "w"):
-            while True:
-                time.sleep(600)
+            threading.Event().wait()  # blocks until the launcher stops it
     with open(fifo):
         print("worker 1 fails", flush=True)
         print("worker 1 on stderr", file=sys.stderr, flush=True)
@@ -60,31 +59,33 @@ FAILING = textwrap.dedent("""
 
 
 RAISING = textwrap.dedent("""
-    import json, os, sys, time
+    import json, os, sys, threading
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     fifo = sys.argv[1]
     if index == 0:
         with open(fifo, "w"):
-            while True:
-                time.sleep(600)
+            threading.Event().wait()  # blocks until the launcher stops it
     with open(fifo):
         raise RuntimeError("the training script broke")
 """)
 
 
-def test_a_worker_that_raises_stops_the_others_and_its_traceback_is_shown(tmp_path):
+def launch_with_a_fifo(script: str, tmp_path) -> subprocess.CompletedProcess:
+    """Launch 2 workers running `script`, which gets the path of a FIFO they meet on."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    result = run_launch(sys.executable, "-c", RAISING, str(fifo))
+    return run_launch(sys.executable, "-c", script, str(fifo))
+
+
+def test_a_worker_that_raises_stops_the_others_and_its_traceback_is_shown(tmp_path):
+    result = launch_with_a_fifo(RAISING, tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "ktrainer launch: worker 1 failed with exit status 1; stopped the other workers" in result.stderr
     assert "[worker 1] RuntimeError: the training script broke" in result.stderr.splitlines()
 
 
 def test_a_failing_worker_stops_the_others_and_is_named(tmp_path):
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    result = run_launch(sys.executable, "-c", FAILING, str(fifo))
+    result = launch_with_a_fifo(FAILING, tmp_path)
     assert result.returncode == 3, result.stderr[-3000:]
     assert "ktrainer launch: worker 1 failed with exit status 3; stopped the other workers" in result.stderr
     out, err = result.stdout.splitlines(), result.stderr.splitlines()
