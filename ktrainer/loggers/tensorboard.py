@@ -1,4 +1,8 @@
-"""TensorBoard event files, written locally or staged locally and uploaded to any fsspec URL."""
+"""TensorBoard event files, written locally or staged locally and uploaded to any fsspec URL.
+
+Written with the `tensorboard` package's own event-file writer, so logging needs no TensorFlow: the
+same tags, steps and summary format (`tf.summary.scalar`'s) on every Keras backend.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,10 @@ import tempfile
 import time
 from typing import Any
 
-import tensorflow as tf
-from tensorboard.plugins.hparams import api as hparams_api
+from tensorboard.compat.proto.event_pb2 import Event
+from tensorboard.plugins.hparams.summary_v2 import hparams_pb
+from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 from ktrainer.loggers.logger import Logger
 
@@ -49,22 +55,18 @@ class TensorBoardLogger(Logger):
         self._hparams_dir: str | None = None  # the canonical URL of the folder that holds the hyperparameters
 
     @property
-    def writer(self) -> tf.summary.SummaryWriter:
-        """The summary writer (created at first use; outside the chief, one that writes nothing)."""
+    def writer(self) -> EventFileWriter:
+        """The event-file writer (created at first use, by the chief only: elsewhere nothing is written)."""
         if self._writer is None:
-            self._writer = self._make_writer()
+            location = self.location
+            if location.is_local:
+                os.makedirs(location.path, exist_ok=True)
+                directory = location.path
+            else:
+                self._staging = tempfile.mkdtemp(prefix="ktrainer-tb-")
+                directory = self._staging
+            self._writer = EventFileWriter(directory, flush_secs=self.flush_secs)
         return self._writer
-
-    def _make_writer(self) -> tf.summary.SummaryWriter:
-        location = self.location
-        if not self.writes:
-            return tf.summary.create_noop_writer()
-        if location.is_local:
-            directory = location.path
-        else:
-            self._staging = tempfile.mkdtemp(prefix="ktrainer-tb-")
-            directory = self._staging
-        return tf.summary.create_file_writer(directory, flush_millis=int(self.flush_secs * 1000))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Write each metric as a scalar at `step`; `epoch` only at the first call for a step."""
@@ -77,9 +79,9 @@ class TensorBoardLogger(Logger):
                 metrics = {name: value for name, value in metrics.items() if name != EPOCH}
             else:
                 self._epoch_step = step
-        with self.writer.as_default(step=step):
-            for name, value in metrics.items():
-                tf.summary.scalar(name, value)
+        wall_time = time.time()
+        for name, value in metrics.items():
+            self.writer.add_event(Event(wall_time=wall_time, step=int(step), summary=scalar_pb(name, float(value))))
         if time.monotonic() - self._last_flush > self.flush_secs:
             self.flush()
 
@@ -91,8 +93,7 @@ class TensorBoardLogger(Logger):
         if not params or not self.writes or self._hparams_dir == self.location.canonical_url:
             return
         clean = {k: v if isinstance(v, bool | int | float | str) else str(v) for k, v in params.items()}
-        with self.writer.as_default():
-            hparams_api.hparams(clean)
+        self.writer.add_event(Event(wall_time=time.time(), step=0, summary=hparams_pb(clean)))
         self._hparams_dir = self.location.canonical_url
 
     def flush(self) -> None:
