@@ -26,7 +26,7 @@ from ktrainer.fs import Location
 from ktrainer.loggers import TensorBoardLogger
 from ktrainer.module import Module
 from ktrainer.precision import resolve_precision
-from ktrainer.strategies.memory import peak_memory, reset_peak_memory
+from ktrainer.backends.tensorflow.memory import peak_memory, reset_peak_memory
 from ktrainer.trainer import Trainer
 
 __all__ = ["compare_precision", "PrecisionComparison"]

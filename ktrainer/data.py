@@ -1,14 +1,21 @@
-"""User data (tf.data, numpy arrays, PyDataset) -> a tf.data.Dataset of global batches, one epoch at a time."""
+"""User data (numpy arrays, PyDataset, iterables of batches, tf.data) -> global batches, one epoch at a time.
+
+Backend-neutral: `epoch()` gives a tf.data.Dataset (the TensorFlow backend feeds its strategy with it),
+`numpy_batches()` numpy global batches (the JAX backend shards them over its devices). TensorFlow is
+imported only for a tf.data.Dataset, which only a process that has TensorFlow can hold.
+"""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 __all__ = ["BatchSource", "first_dim", "batches_per_epoch"]
 
@@ -24,6 +31,8 @@ class BatchSource:
     - a `tf.data.Dataset` yields batches (as in Keras); it is re-batched to the global batch
       (`unbatch().batch(global_batch_size)`), keeping its order. It is never shuffled.
     - a `keras.utils.PyDataset` is read in index order and re-batched the same way.
+    - any other iterable of batches (a list of `(x, y)` tuples, an object with `__iter__`) is read
+      again each epoch and re-batched the same way.
 
     Args:
         data: The user's data.
@@ -53,13 +62,16 @@ class BatchSource:
         self._arrays = None
         self._dataset = None
         self._pydataset = None
-        if isinstance(data, tf.data.Dataset):
+        self._iterable = None
+        if _is_tf_dataset(data):
             self._dataset = data
             self._check_dataset(data)
         elif isinstance(data, keras.utils.PyDataset):
             if len(data) == 0:
                 raise ValueError(f"{what} is an empty PyDataset (len 0). Give it at least one batch.")
             self._pydataset = data
+        elif _is_iterable_of_batches(data):
+            self._iterable = data
         else:
             self._arrays = _as_arrays(data, what)
 
@@ -93,6 +105,9 @@ class BatchSource:
             return self.num_batches
         if self._pydataset is not None:
             return self._batches_of(len(self._pydataset) * first_dim(_tupled(self._pydataset[0])))
+        if self._iterable is not None:
+            length = len(self._iterable) if hasattr(self._iterable, "__len__") else None
+            return None if length is None else self._batches_of(length * first_dim(next(self._read_batches())))
         cardinality = int(self._dataset.cardinality().numpy())
         if cardinality < 0:  # infinite or unknown: reading it would not tell
             return None
@@ -106,19 +121,23 @@ class BatchSource:
     @property
     def is_infinite(self) -> bool:
         """True for a tf.data.Dataset that repeats forever."""
-        return self._dataset is not None and (
-            self._dataset.cardinality().numpy() == tf.data.INFINITE_CARDINALITY
-        )
+        return self._dataset is not None and self._dataset.cardinality().numpy() == _INFINITE_CARDINALITY
 
     @property
     def element_spec(self) -> Any:
         """The spec of one global batch (without reading or shuffling the data)."""
+        import tensorflow as tf
+
         if self._arrays is not None:
-            return tf.nest.map_structure(
+            return keras.tree.map_structure(
                 lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), self._arrays)
         return self.epoch(0).element_spec
 
-    def epoch(self, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> tf.data.Dataset:
+    def first_batch(self) -> Any:
+        """The first global batch, as numpy arrays (without shuffling)."""
+        return next(self.numpy_batches(0))
+
+    def epoch(self, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Any:
         """The dataset of one epoch, without its first `skip_batches` global batches.
 
         Args:
@@ -129,9 +148,11 @@ class BatchSource:
         Returns:
             A `tf.data.Dataset` of global batches.
         """
+        import tensorflow as tf
+
         if self._arrays is not None:
             return self._array_epoch(epoch, skip_batches, seed)
-        source = self._dataset if self._dataset is not None else self._pydataset_as_dataset()
+        source = self._dataset if self._dataset is not None else self._batches_as_dataset()
         batched = source.unbatch().batch(self.global_batch_size, drop_remainder=self.drop_remainder)
         return batched.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
 
@@ -140,35 +161,54 @@ class BatchSource:
         if self._pydataset is not None:
             self._pydataset.on_epoch_end()
 
-    def _array_epoch(self, epoch: int, skip_batches: int, seed: int) -> tf.data.Dataset:
-        n = first_dim(self._arrays)
-        if self.shuffle:
-            order = np.random.default_rng([seed, epoch]).permutation(n)
+    def numpy_batches(self, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Iterator[Any]:
+        """The global batches of one epoch as numpy arrays, without the first `skip_batches` (as `epoch()`)."""
+        if self._arrays is not None:
+            arrays = keras.tree.map_structure(lambda a: a[self._order(epoch, skip_batches, seed)], self._arrays)
+            return _slices(arrays, self.global_batch_size, self.drop_remainder)
+        if self._dataset is not None:
+            batches = self._dataset.as_numpy_iterator()
         else:
-            order = np.arange(n)
-        order = order[skip_batches * self.global_batch_size :]
+            batches = self._read_batches()
+        regrouped = _rebatch(batches, self.global_batch_size, self.drop_remainder)
+        return itertools.islice(regrouped, skip_batches, None)
+
+    def _order(self, epoch: int, skip_batches: int, seed: int) -> np.ndarray:
+        n = first_dim(self._arrays)
+        order = np.random.default_rng([seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        return order[skip_batches * self.global_batch_size :]
+
+    def _read_batches(self) -> Iterator[Any]:
+        """The batches of a PyDataset (in index order) or an iterable, as numpy arrays."""
+        if self._pydataset is not None:
+            batches = (self._pydataset[index] for index in range(len(self._pydataset)))
+        else:
+            batches = iter(self._iterable)
+        for batch in batches:
+            yield keras.tree.map_structure(np.asarray, _tupled(batch))
+
+    def _array_epoch(self, epoch: int, skip_batches: int, seed: int) -> Any:
+        import tensorflow as tf
+
+        order = self._order(epoch, skip_batches, seed)
         # One permuted copy per epoch: measurably faster to feed than a per-batch tf.gather.
-        arrays = tf.nest.map_structure(lambda a: a[order], self._arrays)
+        arrays = keras.tree.map_structure(lambda a: a[order], self._arrays)
         batches = tf.data.Dataset.from_tensor_slices(arrays)
         return batches.batch(self.global_batch_size, drop_remainder=self.drop_remainder).prefetch(tf.data.AUTOTUNE)
 
-    def _pydataset_as_dataset(self) -> tf.data.Dataset:
-        data = self._pydataset
-        sample = _tupled(data[0])
-        signature = tf.nest.map_structure(
+    def _batches_as_dataset(self) -> Any:
+        import tensorflow as tf
+
+        sample = next(self._read_batches())
+        signature = keras.tree.map_structure(
             lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample
         )
+        return tf.data.Dataset.from_generator(self._read_batches, output_signature=signature)
 
-        def generate():
-            for index in range(len(data)):
-                yield _tupled(data[index])
-
-        return tf.data.Dataset.from_generator(generate, output_signature=signature)
-
-    def _check_dataset(self, dataset: tf.data.Dataset) -> None:
+    def _check_dataset(self, dataset: Any) -> None:
         if dataset.cardinality().numpy() == 0:
             raise ValueError(f"{self.what} is an empty tf.data.Dataset. Give it at least one batch.")
-        for spec in tf.nest.flatten(dataset.element_spec):
+        for spec in keras.tree.flatten(dataset.element_spec):
             if len(spec.shape) == 0:
                 raise ValueError(
                     f"{self.what} yields unbatched elements (a scalar of spec {spec}), but a "
@@ -179,15 +219,56 @@ class BatchSource:
 
 def first_dim(structure: Any) -> int:
     """The leading dimension shared by every array in a structure."""
-    return int(np.shape(tf.nest.flatten(structure)[0])[0])
+    return int(np.shape(keras.tree.flatten(structure)[0])[0])
 
 
-def _batch_size_of(dataset: tf.data.Dataset) -> int:
+_INFINITE_CARDINALITY = -1  # tf.data.INFINITE_CARDINALITY
+
+
+def _is_tf_dataset(data: Any) -> bool:
+    tf = sys.modules.get("tensorflow")  # a tf.data.Dataset exists only where TensorFlow was imported
+    return tf is not None and isinstance(data, tf.data.Dataset)
+
+
+def _is_iterable_of_batches(data: Any) -> bool:
+    """An iterable whose items are batches: not an array, nor a tuple/dict/list of arrays (one dataset)."""
+    if isinstance(data, np.ndarray | tuple | dict | str | bytes) or hasattr(data, "__array__"):
+        return False
+    if isinstance(data, list):
+        return bool(data) and all(isinstance(item, tuple | dict | list) for item in data)
+    return hasattr(data, "__iter__")
+
+
+def _slices(arrays: Any, size: int, drop_remainder: bool) -> Iterator[Any]:
+    total = first_dim(arrays)
+    end = total - total % size if drop_remainder else total
+    for start in range(0, end, size):
+        yield keras.tree.map_structure(lambda a, start=start: a[start:start + size], arrays)
+
+
+def _rebatch(batches: Iterator[Any], size: int, drop_remainder: bool) -> Iterator[Any]:
+    """Batches of any sizes -> batches of exactly `size` examples (the last one shorter unless dropped)."""
+    pending: list[Any] = []
+    held = 0
+    for batch in batches:
+        pending.append(batch)
+        held += first_dim(batch)
+        while held >= size:
+            joined = keras.tree.map_structure(lambda *parts: np.concatenate(parts, axis=0), *pending)
+            yield keras.tree.map_structure(lambda a: a[:size], joined)
+            rest = keras.tree.map_structure(lambda a: a[size:], joined)
+            held -= size
+            pending = [rest] if held else []
+    if held and not drop_remainder:
+        yield keras.tree.map_structure(lambda *parts: np.concatenate(parts, axis=0), *pending)
+
+
+def _batch_size_of(dataset: Any) -> int:
     """The batch size of a batched dataset: its static batch dimension, or that of its first element."""
-    static = tf.nest.flatten(dataset.element_spec)[0].shape[0]
+    static = keras.tree.flatten(dataset.element_spec)[0].shape[0]
     if static is not None:
         return int(static)
-    first = tf.nest.flatten(next(iter(dataset.take(1))))[0]
+    first = keras.tree.flatten(next(iter(dataset.take(1))))[0]
     return int(first.shape[0])
 
 
@@ -198,16 +279,16 @@ def _tupled(element: Any) -> Any:
 def _as_arrays(data: Any, what: str) -> Any:
     if isinstance(data, list):
         data = tuple(data)
-    leaves = tf.nest.flatten(data) if isinstance(data, tuple | dict) else [data]
+    leaves = keras.tree.flatten(data) if isinstance(data, tuple | dict) else [data]
     if not leaves or not all(isinstance(leaf, np.ndarray | np.generic) or hasattr(leaf, "__array__")
                              for leaf in leaves):
         raise TypeError(
-            f"{what} must be a tf.data.Dataset, a keras.utils.PyDataset, or numpy arrays "
-            f"(an array, or a tuple/dict of arrays); got {type(data).__name__}."
+            f"{what} must be numpy arrays (an array, or a tuple/dict of arrays), a keras.utils.PyDataset, an "
+            f"iterable of batches, or a tf.data.Dataset; got {type(data).__name__}."
         )
-    data = tf.nest.map_structure(np.asarray, data)
+    data = keras.tree.map_structure(np.asarray, data)
     lengths = {name: np.shape(leaf)[0] if np.ndim(leaf) else None
-               for name, leaf in enumerate(tf.nest.flatten(data))}
+               for name, leaf in enumerate(keras.tree.flatten(data))}
     if any(n is None for n in lengths.values()):
         raise ValueError(f"{what} holds a scalar; every array needs a leading example dimension.")
     if len(set(lengths.values())) > 1:
@@ -243,7 +324,7 @@ def split_for_validation(data: Any, fraction: float, what: str = "train_data") -
         TypeError: For data that is not numpy arrays (a dataset cannot be split without reading it).
         ValueError: When either part would be empty.
     """
-    if isinstance(data, tf.data.Dataset | keras.utils.PyDataset):
+    if _is_tf_dataset(data) or isinstance(data, keras.utils.PyDataset) or _is_iterable_of_batches(data):
         raise TypeError(f"validation_split={fraction} needs numpy arrays, but {what} is a {type(data).__name__} "
                         "(its length is not known without reading it). Pass val_data=... instead.")
     arrays = _as_arrays(data, what)
@@ -253,8 +334,8 @@ def split_for_validation(data: Any, fraction: float, what: str = "train_data") -
         raise ValueError(f"validation_split={fraction} of {total} examples leaves {split_at} for training and "
                          f"{total - split_at} for validation; each needs at least one. Use a fraction between "
                          f"{1 / total:.3g} and {1 - 1 / total:.3g}.")
-    return (tf.nest.map_structure(lambda a: a[:split_at], arrays),
-            tf.nest.map_structure(lambda a: a[split_at:], arrays))
+    return (keras.tree.map_structure(lambda a: a[:split_at], arrays),
+            keras.tree.map_structure(lambda a: a[split_at:], arrays))
 
 
 def batches_per_epoch(source: BatchSource, limit: int | float | None) -> int | None:

@@ -2,7 +2,7 @@
 a loss or a dict with a "loss" key.
 
 `batch_idx` is the batch's index within the epoch (or the evaluation run), a tensor inside the compiled
-step: `CompiledSteps` marks the index of the step it traces with `traced_batch_index`.
+step: each backend's compiled step marks the index of the step it traces with `traced_batch_index`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import tensorflow as tf
+import keras
 
 __all__ = ["call_step_hook", "traced_batch_index", "loss_from_return", "takes_batch_idx"]
 
@@ -47,7 +47,7 @@ def call_step_hook(module: Any, name: str, batch: Any) -> Any:
     if not takes_batch_idx(hook):
         return hook(batch)
     index = _shared["index"]
-    return hook(batch, tf.constant(0, tf.int64) if index is None else index)
+    return hook(batch, _zero_index() if index is None else index)
 
 
 def loss_from_return(module: Any, returned: Any, hook: str, prefix: str) -> Any:
@@ -72,3 +72,8 @@ def loss_from_return(module: Any, returned: Any, hook: str, prefix: str) -> Any:
 def _is_scalar(value: Any) -> bool:
     shape = getattr(value, "shape", None)
     return isinstance(value, int | float) or (shape is not None and len(shape) == 0)
+
+
+def _zero_index() -> Any:
+    # int64 as TensorFlow's compiled steps count; JAX has 64-bit integers only with jax_enable_x64.
+    return keras.ops.convert_to_tensor(0, "int64" if keras.config.backend() == "tensorflow" else "int32")

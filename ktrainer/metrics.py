@@ -9,7 +9,7 @@ import numpy as np
 
 from ktrainer.module import LogOptions
 from ktrainer.progress import RunningSums
-from ktrainer.step import APPLIED, BATCH_SIZE, SKIPPED, STOP
+from ktrainer.step_outputs import APPLIED, BATCH_SIZE, SKIPPED, STOP
 
 __all__ = ["EpochMetrics", "metric_names", "metric_object_values", "reset_metric_objects", "hook_values"]
 

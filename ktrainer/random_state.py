@@ -1,12 +1,16 @@
-"""The process's random state (Python, numpy, TensorFlow, Keras), captured and restored for exact resume."""
+"""The process's random state (Python, numpy, Keras, and TensorFlow's on that backend), for exact resume.
+
+TensorFlow's global generator is read only where the run is on TensorFlow: a checkpoint written on
+JAX has no such entry, and one read on JAX ignores it (random streams differ across backends anyway).
+"""
 
 from __future__ import annotations
 
 import random
 from typing import Any
 
+import keras
 import numpy as np
-import tensorflow as tf
 
 from ktrainer.compat.keras_internals import keras_seed_state
 
@@ -17,12 +21,16 @@ def capture_random_state() -> dict[str, Any]:
     """Every global random generator's state, as JSON values."""
     numpy_state = np.random.get_state()
     version, internal, gauss = random.getstate()
-    return {
+    state = {
         "python": [version, list(internal), gauss],
         "numpy": [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]],
-        "tensorflow": tf.random.get_global_generator().state.numpy().tolist(),
         "keras": np.asarray(keras_seed_state()).tolist(),
     }
+    if _on_tensorflow():
+        import tensorflow as tf
+
+        state["tensorflow"] = tf.random.get_global_generator().state.numpy().tolist()
+    return state
 
 
 def restore_random_state(state: dict[str, Any]) -> None:
@@ -31,6 +39,13 @@ def restore_random_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
-    tf.random.get_global_generator().state.assign(np.array(state["tensorflow"], dtype=np.int64))
+    if _on_tensorflow() and "tensorflow" in state:
+        import tensorflow as tf
+
+        tf.random.get_global_generator().state.assign(np.array(state["tensorflow"], dtype=np.int64))
     generator = keras_seed_state()
     generator.assign(np.array(state["keras"], dtype=generator.dtype))
+
+
+def _on_tensorflow() -> bool:
+    return keras.config.backend() == "tensorflow"

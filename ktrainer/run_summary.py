@@ -24,7 +24,7 @@ def _count(variables: list) -> int:
 
 
 def _batch_line(trainer: Any, train: Any) -> str:
-    replicas = trainer.strategy.num_replicas_in_sync
+    replicas = trainer.num_replicas
     line = f"{trainer.batch_size} per device x {replicas} replica{'s' if replicas != 1 else ''} = " \
            f"{trainer.global_batch_size} global"
     if trainer.accumulate_grad_batches > 1:
@@ -35,7 +35,7 @@ def _batch_line(trainer: Any, train: Any) -> str:
 
 
 def _rate_line(trainer: Any) -> str:
-    replicas = trainer.strategy.num_replicas_in_sync
+    replicas = trainer.num_replicas
     if trainer.lr_factor != 1.0:
         return f"lr_scaling={trainer.lr_scaling!r}: learning rate x {trainer.lr_factor:.4g} for {replicas} replicas"
     if replicas > 1 and trainer.lr_scaling is None:
@@ -69,8 +69,8 @@ def fit_summary(trainer: Any, module: Any, train: Any, val: Any, resumed: Any) -
         ("model", f"{type(module).__name__}: {model.name}, {total:,} parameters ({trainable:,} trainable)"),
         ("precision", summarize(precision_report(model), precision.name, precision.policy)
          + (", dynamic loss scaling" if precision.loss_scaling else "")),
-        ("devices", f"{trainer.strategy.num_replicas_in_sync} x {trainer.plan.accelerator}, strategy "
-                    f"{trainer.plan.strategy}" + (f", {trainer.plan.num_nodes} nodes" if trainer.plan.num_nodes > 1
+        ("devices", f"{trainer.num_replicas} x {trainer.plan.accelerator}, strategy "
+                    f"{trainer.engine.strategy_name()}" + (f", {trainer.plan.num_nodes} nodes" if trainer.plan.num_nodes > 1
                                                  else "")),
         ("batch", _batch_line(trainer, train)),
         ("learning rate", _rate_line(trainer)),

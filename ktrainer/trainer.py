@@ -12,9 +12,10 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
+from ktrainer.backends import make_engine, plan_devices
 from ktrainer.callbacks import Callback, ModelCheckpoint
+from ktrainer.callbacks.keras_adapter import KerasCallback
 from ktrainer.checkpoint.format import checkpoint_name
 from ktrainer.checkpoint.resume import Resumable, check_ckpt_path, find_checkpoint
 from ktrainer.checkpoint.variables import assign_all, keyed, mismatches, refuse_mismatches
@@ -28,11 +29,13 @@ from ktrainer.errors import (
     check_module_hooks,
     check_path,
     check_storage_options,
+    defines_hook,
 )
 from ktrainer.fs import Location
 from ktrainer.history import History
 from ktrainer.loggers import Logger
 from ktrainer.logs import show_events
+from ktrainer.lr_scaling import LR_SCALINGS, scale_learning_rate
 from ktrainer.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
 from ktrainer.module import Module
 from ktrainer.module_checks import (
@@ -54,20 +57,8 @@ from ktrainer.random_state import capture_random_state, restore_random_state
 from ktrainer.run import RunIdentity
 from ktrainer.run_summary import fit_summary, stop_line, stop_reason
 from ktrainer.state import TrainerState
-from ktrainer.step import (
-    APPLIED,
-    LOSS_SCALE,
-    SKIPPED,
-    STOP,
-    CompiledSteps,
-    EvalStep,
-    compile_predict_step,
-    discover_outputs,
-)
-from ktrainer.strategies import LR_SCALINGS, plan_devices, scale_learning_rate
-from ktrainer.strategies.hardware import visible_accelerators
+from ktrainer.step_outputs import APPLIED, LOSS_SCALE, SKIPPED, STOP
 from ktrainer.tracing import warn_if_not_training, watch_calls
-from ktrainer.train_step import TrainStep
 from ktrainer.wiring import (
     check_fast_dev_run,
     default_callbacks,
@@ -181,6 +172,7 @@ class Trainer:
                 raise ValueError(f"float32_layers takes layer classes or layer names, got {selector!r}.")
         self.lr_scaling = check_choice("lr_scaling", lr_scaling, LR_SCALINGS)
         self.plan = plan_devices(accelerator, devices, strategy, num_nodes)
+        self.engine = make_engine(self.plan)
         self.limit_train_batches = optional(check_count_or_fraction, "limit_train_batches", limit_train_batches)
         self.limit_val_batches = optional(check_count_or_fraction, "limit_val_batches", limit_val_batches,
                                            allow_zero=True)
@@ -227,11 +219,10 @@ class Trainer:
         self.optimizer: keras.optimizers.Optimizer | None = None
         self.optimizers: list[keras.optimizers.Optimizer] = []
         self._configured: list[keras.optimizers.Optimizer] = []
-        self.strategy: tf.distribute.Strategy | None = None
         self.lr_factor = 1.0
         self._module: Module | None = None
         self.state = TrainerState()
-        self._train_step: TrainStep | None = None
+        self._train_step: Any = None
         self._signals = SignalWatcher(())
         self.history = History()
         self.shuffle = True
@@ -270,10 +261,20 @@ class Trainer:
         return self.plan.is_chief
 
     @property
+    def num_replicas(self) -> int:
+        """Replicas a global batch is split over (devices of all processes)."""
+        return self.engine.replicas
+
+    @property
+    def strategy(self) -> Any:
+        """The tf.distribute strategy on TensorFlow (None before the first fit/validate/test/predict); the
+        keras.distribution Distribution on JAX (None on one device)."""
+        return self.engine.strategy
+
+    @property
     def global_batch_size(self) -> int:
         """Examples per step across all replicas: `batch_size` x replicas in sync."""
-        replicas = self.strategy.num_replicas_in_sync if self.strategy is not None else 1
-        return self.batch_size * replicas
+        return self.batch_size * self.engine.replicas
 
     @property
     def checkpoint_dir(self) -> Location:
@@ -298,6 +299,7 @@ class Trainer:
         if module is None or module.model is None or self.optimizer is None or self._train_step is None:
             raise RuntimeError("Trainer.state_dict() needs a built model and optimizer: call it during fit "
                                "(e.g. from a callback).")
+        self.engine.sync()
         return {
             "model": keyed(module.model.variables),
             "optimizer": keyed(self._optimizer_variables()),
@@ -356,6 +358,7 @@ class Trainer:
                 for variable, value in zip(metric.variables, saved_metric, strict=True):
                     variable.assign(value)
         restore_random_state(state["random"])
+        self.engine.reload()
         if state["run"]["precision"] != self.precision.name:
             log.warning("Resuming a %s checkpoint under precision=%r.", state["run"]["precision"], self.precision.name)
 
@@ -445,27 +448,24 @@ class Trainer:
             self.num_training_batches = batches_per_epoch(train, self.limit_train_batches)
             self.estimated_training_batches = train.estimated_batches
             check_training_steps(self.num_training_batches, train.num_examples, self.batch_size,
-                                 self.strategy.num_replicas_in_sync)
+                                 self.engine.replicas)
             val = None
             if self.limit_val_batches != 0:
                 val = self._source(val_data, module.val_data, "val_data", training=False, required=False)
                 if val is not None and not warn_val_data_without_validation_step(module, Module):
                     val = None
             self._build(module, with_optimizer=True)
-            stop_flag = tf.Variable(0.0, trainable=False) if self.plan.strategy == "multi_worker" else None
-            train_step = self._train_step = TrainStep(module, self.optimizers, self._configured, self.precision,
-                                                      self.strategy, gradient_clip_val=self.gradient_clip_val,
-                                                      accumulate_grad_batches=self.accumulate_grad_batches,
-                                                      stop_flag=stop_flag)
-            with self.strategy.scope(), watch_calls(module.model) as calls:
-                keys = discover_outputs(train_step.forward, train.element_spec)
-                train_step.build()
+            train_step = self._train_step = self.engine.train_step(
+                module, self.optimizers, self._configured, self.precision, gradient_clip_val=self.gradient_clip_val,
+                accumulate_grad_batches=self.accumulate_grad_batches)
+            with watch_calls(module.model) as calls:
+                keys = self.engine.prepare_train_step(train_step, train)
             warn_if_not_training(calls)
             if not getattr(module.model, "outputs", None):  # a subclassed model: its calls showed the dtypes
                 check_output_dtype(calls.output_dtypes, self.precision.name, self.precision.compute_dtype)
             if resumed is not None:
                 self._resume(resumed)
-            train_runner = CompiledSteps(train_step, self.strategy, keys)
+            train_runner = self.engine.train_runner(train_step, keys)
             val_runner = self._eval_runner(module, val, "validation_step", "val") if val else None
             self._val_batches = batches_per_epoch(val, self.limit_val_batches) if val else None
             if self.is_global_zero:
@@ -482,6 +482,7 @@ class Trainer:
                     self._train_epoch(module, train, train_step, train_runner, val, val_runner)
             except _PreemptionRequested as request:
                 self._stop_for_preemption(request.signum)
+            self.engine.sync()
             self._call("on_train_end", module)
             if self.is_global_zero:
                 log.info(stop_line(self, time.monotonic() - started))
@@ -498,7 +499,9 @@ class Trainer:
         for rule in self._train_step.rules:
             inner = getattr(rule.optimizer, "inner_optimizer", rule.optimizer)
             if getattr(inner, "use_ema", False):
+                self.engine.sync()
                 inner.finalize_variable_values(rule.variables)
+                self.engine.reload()
 
     def _resume(self, resumed: Resumable) -> None:
         """Load a checkpoint into the built run (all or nothing) and note where the run continues from."""
@@ -565,10 +568,7 @@ class Trainer:
             source = self._source(data, module.predict_data, "predict data", training=False, required=True)
             self._build(module, with_optimizer=False)
             self._call("on_predict_start", module)
-            step = compile_predict_step(module, self.strategy)
-            dataset = self.strategy.experimental_distribute_dataset(source.epoch(0))
-            chunks = [keras.tree.map_structure(np.asarray, step(batch, tf.constant(index, tf.int64)))
-                      for index, batch in enumerate(dataset)]
+            chunks = self.engine.predict(module, source)
             self._call("on_predict_end", module)
         return keras.tree.map_structure(lambda *parts: np.concatenate(parts, axis=0), *chunks)
 
@@ -582,8 +582,8 @@ class Trainer:
 
     # ----- the training loop ------------------------------------------------------------
 
-    def _train_epoch(self, module: Module, train: BatchSource, train_step: TrainStep,
-                     runner: CompiledSteps, val: BatchSource | None, val_runner: CompiledSteps | None) -> None:
+    def _train_epoch(self, module: Module, train: BatchSource, train_step: Any,
+                     runner: Any, val: BatchSource | None, val_runner: Any) -> None:
         progress = self.progress
         self.state.at_epoch_end = self.state.validated_this_epoch = False
         self.state.first_batch_of_epoch = progress.batch_in_epoch
@@ -598,22 +598,21 @@ class Trainer:
         metrics = EpochMetrics(module._log_options, progress.epoch_sums)
         if progress.pending_validation and val is not None:
             self._validate_in_fit(module, val, val_runner)
-        dataset = self.strategy.experimental_distribute_dataset(
-            train.epoch(progress.epoch, progress.batch_in_epoch, progress.shuffle_seed))
-        iterator = iter(dataset)
+        iterator = self.engine.batches(train, progress.epoch, progress.batch_in_epoch, progress.shuffle_seed)
+        sync_each_batch = self._batch_hooks_read_weights(module)
         exhausted = False
         while not self.should_stop:
             num_steps = self._steps_in_next_execution()
             if num_steps == 0:
                 break
             self._call("on_train_batch_start", module, progress.batch_in_epoch)
-            if train_step.stop_flag is not None and self._signals.received is not None:
-                train_step.stop_flag.assign(1.0)  # every worker learns it from this execution's all-reduce
+            if self.engine.multi_process and self._signals.received is not None:
+                self.engine.request_stop(train_step)  # every process learns it from this execution's all-reduce
             outputs = runner.run(iterator, num_steps, progress.batch_in_epoch)
             ran = len(outputs[APPLIED])
             if ran == 0:
                 if progress.batch_in_epoch == 0:
-                    check_training_steps(0, None, self.batch_size, self.strategy.num_replicas_in_sync)
+                    check_training_steps(0, None, self.batch_size, self.engine.replicas)
                 exhausted = True
                 break
             metrics.add(outputs)
@@ -634,6 +633,8 @@ class Trainer:
             self.precision.watch(outputs[SKIPPED][stepped], None if scale is None else float(scale[-1]))
             step_metrics = {**metrics.step_metrics(outputs, ran - 1), **running}
             self._remember(step_metrics, metrics)
+            if sync_each_batch:
+                self.engine.sync()
             self._call("on_train_batch_end", module, step_metrics, progress.batch_in_epoch - 1)
             self._check_for_preemption(outputs)
             if val is not None and self._val_due_within_epoch():
@@ -650,6 +651,7 @@ class Trainer:
             progress.global_step += int(stepped)
             progress.skipped_steps += int(skipped)
         self.state.at_epoch_end = True
+        self.engine.sync()
         if val is not None and self._val_due_at_epoch_end():
             self._validate_in_fit(module, val, val_runner)
         epoch_values = {**metrics.epoch_metrics(), **metric_object_values(module, "train", epoch=True)}
@@ -680,7 +682,7 @@ class Trainer:
         interval = self._val_interval_batches()
         if interval is not None:
             steps = min(steps, interval - progress.batch_in_epoch % interval)
-        if self._train_step.stop_flag is not None and self.accumulate_grad_batches > 1:
+        if self.engine.multi_process and self.accumulate_grad_batches > 1:
             # Several workers: end each execution at a group boundary, where a save needs no other worker's sums.
             steps = min(steps, self.accumulate_grad_batches - progress.batch_in_epoch % self.accumulate_grad_batches)
         return max(steps, 0)
@@ -693,7 +695,7 @@ class Trainer:
         forever in a collective; elsewhere (between epochs, during validation) they go on.
         """
         received = self._signals.received
-        if self._train_step is None or self._train_step.stop_flag is None:
+        if self._train_step is None or not self.engine.multi_process:
             if received is not None:
                 raise _PreemptionRequested(received)
         elif outputs is not None and outputs[STOP][-1] > 0:
@@ -729,10 +731,11 @@ class Trainer:
             return True
         return every is not None and (self.current_epoch + 1) % every == 0
 
-    def _validate_in_fit(self, module: Module, val: BatchSource, runner: CompiledSteps) -> None:
+    def _validate_in_fit(self, module: Module, val: BatchSource, runner: Any) -> None:
         """A validation run inside fit. Preempted part-way, it is marked pending, and a resumed run repeats it
         (at an epoch end, the whole epoch end is repeated: the epoch is not marked done until it ran)."""
         self.progress.pending_validation = not self.state.at_epoch_end
+        self.engine.sync()
         self._call("on_validation_start", module)
         metrics = self._run_eval(module, val, runner, self._val_batches, "val", preemptible=True)
         self.progress.pending_validation = False
@@ -771,12 +774,10 @@ class Trainer:
         assign_all(resumed.state["model"], module.model.variables)
         log.info("Evaluating the weights of %s (step %d).", resumed.info.url, resumed.state["progress"]["global_step"])
 
-    def _eval_runner(self, module: Module, source: BatchSource, hook: str, prefix: str) -> CompiledSteps:
-        step = EvalStep(module, hook, prefix)
-        keys = discover_outputs(step, source.element_spec)
-        return CompiledSteps(step, self.strategy, keys)
+    def _eval_runner(self, module: Module, source: BatchSource, hook: str, prefix: str) -> Any:
+        return self.engine.eval_runner(module, source, hook, prefix)
 
-    def _run_eval(self, module: Module, source: BatchSource, runner: CompiledSteps,
+    def _run_eval(self, module: Module, source: BatchSource, runner: Any,
                   num_batches: int | None, stage: str, *, preemptible: bool = False) -> dict[str, float]:
         """One evaluation run: reset its metric objects, the epoch hooks around the batches, exact results."""
         kind = "validation" if stage == "val" else "test"
@@ -785,7 +786,7 @@ class Trainer:
         getattr(module, f"on_{kind}_epoch_start")()
         self._call(f"on_{kind}_epoch_start", module)
         metrics = EpochMetrics(module._log_options)
-        iterator = iter(self.strategy.experimental_distribute_dataset(source.epoch(0)))
+        iterator = self.engine.batches(source)
         while num_batches is None or metrics.steps < num_batches:
             if preemptible:
                 self._check_for_preemption()
@@ -826,8 +827,7 @@ class Trainer:
         status = "success"
         stack = contextlib.ExitStack()
         try:
-            if self.strategy is None:
-                self.strategy = self.plan.make_strategy()
+            self.engine.start()
             if stage == "fit":
                 self.precision.reset()
                 if self.seed is not None:
@@ -851,6 +851,7 @@ class Trainer:
                     quietly(callback.teardown, self, module, stage)
                 quietly(module.teardown, stage)
             finally:
+                quietly(self.engine.sync)
                 stack.close()
                 keras.config.set_dtype_policy(previous_policy)
                 self.state.stage = ""
@@ -859,7 +860,7 @@ class Trainer:
         """Set the precision policy, enter the strategy scope, build the model (and optimizer)."""
         check_layers_created_in_build(module)
         keras.config.set_dtype_policy(self.precision.policy)
-        with self.strategy.scope():
+        with self.engine.scope():
             if module.model is None:
                 with float32_at_construction(self.float32_layers) as matched:
                     model = module.build()
@@ -879,11 +880,12 @@ class Trainer:
                 self.optimizers = [self.precision.wrap_optimizer(each) for each in self._configured]
                 self.optimizer = self.optimizers[0]
                 for each in self.optimizers:
-                    self.lr_factor = scale_learning_rate(each, self.lr_scaling, self.strategy.num_replicas_in_sync)
+                    self.lr_factor = scale_learning_rate(each, self.lr_scaling, self.engine.replicas)
         dtypes, layer = output_dtypes(module.model)
         check_output_dtype(dtypes, self.precision.name, self.precision.compute_dtype, layer)
         if with_optimizer:
-            for line in hardware_advice(self.precision.name, self.precision.compute_dtype, visible_accelerators()):
+            accelerators = self.engine.visible_accelerators()
+            for line in hardware_advice(self.precision.name, self.precision.compute_dtype, accelerators):
                 log.warning(line)
 
     @staticmethod
@@ -909,7 +911,7 @@ class Trainer:
                 )
             return None
         source = BatchSource(data, self.global_batch_size, shuffle=training and self.shuffle, what=what,
-                             drop_remainder=training and self.strategy.num_replicas_in_sync > 1)
+                             drop_remainder=training and self.engine.replicas > 1)
         if training and source.is_infinite and not isinstance(self.limit_train_batches, int):
             raise ValueError(
                 f"{what} repeats forever, so an epoch never ends. Set limit_train_batches=N "
@@ -932,6 +934,18 @@ class Trainer:
         for name in shown & set(values):
             label = "loss" if name == "train/loss_step" else name
             self.progress_bar_metrics[label] = values[name]
+
+    def _batch_hooks_read_weights(self, module: Module) -> bool:
+        """Whether a user's callback (or a Keras callback) has batch hooks, which may read the weights: the
+        engine then syncs its state into the variables before them. ktrainer's own callbacks read none there."""
+        def may_read(callback: Callback) -> bool:
+            own = type(callback).__module__.startswith("ktrainer.callbacks.")
+            if own and not isinstance(callback, KerasCallback):
+                return False
+            hooks = ("on_train_batch_start", "on_train_batch_end")
+            return any(defines_hook(callback, hook, Callback) for hook in hooks)
+
+        return any(may_read(callback) for callback in self.callbacks)
 
     def _writing_loggers(self) -> list[Logger]:
         return self.loggers if self.is_global_zero else []

@@ -46,8 +46,8 @@ class Logger:
 
     @property
     def writes(self) -> bool:
-        """True in the process that writes logs: the chief of a `TF_CONFIG` cluster (else worker 0),
-        or the only process. Decided at first use, by the Trainer's rule (`DevicePlan.is_chief`)."""
+        """True in the process that writes logs: the chief of a `TF_CONFIG` cluster (else worker 0) on
+        TensorFlow, process 0 on JAX, or the only process. Decided at first use, by the backend's rule."""
         if self._writes is None:
             self._writes = _in_chief()
         return self._writes
@@ -118,7 +118,6 @@ class Logger:
 
 
 def _in_chief() -> bool:
-    # The Trainer's rule for a multi-worker plan, which also holds without a cluster: one process is the chief.
-    from ktrainer.strategies.plan import DevicePlan  # here: it imports TensorFlow
+    from ktrainer.backends import is_chief_process  # here: it imports Keras
 
-    return DevicePlan("cpu", (), "multi_worker").is_chief
+    return is_chief_process()

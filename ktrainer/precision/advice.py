@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
-from ktrainer.strategies.hardware import Accelerators
+from dataclasses import dataclass, field
 
-__all__ = ["hardware_advice"]
+__all__ = ["hardware_advice", "Accelerators"]
+
+
+@dataclass(frozen=True)
+class Accelerators:
+    """The accelerators a run sees (read by the backend).
+
+    Attributes:
+        gpus: Compute capability of each GPU as (major, minor); (0, 0) when unknown.
+        tpus: Number of TPU devices.
+    """
+
+    gpus: tuple[tuple[int, int], ...] = field(default_factory=tuple)
+    tpus: int = 0
 
 
 def hardware_advice(precision_name: str, compute_dtype: str, accelerators: Accelerators) -> list[str]:

@@ -8,6 +8,8 @@ from typing import Any
 
 import keras
 
+from ktrainer.precision.loss_scale import NoLossScale
+
 __all__ = ["Precision"]
 
 
@@ -40,35 +42,57 @@ class Precision:
             return optimizer.inner_optimizer
         return optimizer
 
-    def scale_loss(self, loss: Any, optimizer: Any) -> Any:
-        """Return the loss to differentiate (unchanged here)."""
-        return loss
-
-    def unscale_gradients(self, gradients: list, optimizer: Any) -> list:
-        """Return the true gradients from those of the scaled loss (unchanged here)."""
-        return gradients
-
-    def apply(self, optimizer: Any, apply: Callable[[], None], finite: Any) -> Any:
-        """Run the update (in the cross-replica context) and return 1.0 if it was skipped, else 0.0.
-
-        Here the update always runs: without loss scaling a non-finite gradient is the model's
-        own result, as in plain training.
-
-        Args:
-            optimizer: The optimizer returned by `wrap_optimizer`.
-            apply: Runs the update on every replica.
-            finite: A boolean tensor: every gradient is finite on every replica.
-        """
-        apply()
-        return keras.ops.convert_to_tensor(0.0, "float32")
+    def loss_scale_of(self, optimizer: Any) -> Any:
+        """The loss scale the step uses with `optimizer`: `NoLossScale` here (see `precision.loss_scale`)."""
+        return NoLossScale()
 
     def optimizer_to_step(self, optimizer: Any) -> Any:
         """The optimizer whose `apply` receives the (already unscaled) gradients."""
         return optimizer
 
+    def scale_loss(self, loss: Any, optimizer: Any) -> Any:
+        """The loss to differentiate: the loss times the current scale (unchanged without loss scaling)."""
+        return self.loss_scale_of(optimizer).scale(loss)
+
+    def unscale_gradients(self, gradients: list, optimizer: Any) -> list:
+        """The true gradients from those of the scaled loss, once (sparse gradients stay sparse)."""
+        return self.loss_scale_of(optimizer).unscale(gradients)
+
+    def apply(self, optimizer: Any, apply: Callable[[], None], finite: Any) -> Any:
+        """Run the update unless a loss scale finds the gradients non-finite; move the scale either way.
+
+        Without loss scaling the update always runs: a non-finite gradient is then the model's own
+        result, as in plain training. With it, a skipped step leaves weights, optimizer slots and the
+        iteration count untouched. Call it where a conditional may run the optimizer (the
+        cross-replica context on TensorFlow).
+
+        Args:
+            optimizer: The optimizer returned by `wrap_optimizer`.
+            apply: Runs the update (on every replica).
+            finite: A boolean scalar: every gradient is finite on every replica.
+
+        Returns:
+            1.0 if the step was skipped, else 0.0 (float32).
+        """
+        loss_scale = self.loss_scale_of(optimizer)
+        if not loss_scale.scaling:
+            apply()
+            return keras.ops.convert_to_tensor(0.0, "float32")
+
+        def step() -> Any:
+            apply()
+            loss_scale.update(True)
+            return keras.ops.convert_to_tensor(0.0, "float32")
+
+        def skip() -> Any:
+            loss_scale.update(False)
+            return keras.ops.convert_to_tensor(1.0, "float32")
+
+        return keras.ops.cond(finite, step, skip)
+
     def loss_scale(self, optimizer: Any) -> Any:
-        """The current loss scale as a tensor, or None when the precision does not scale the loss."""
-        return None
+        """The current loss scale, or None when the precision does not scale the loss."""
+        return self.loss_scale_of(optimizer).value()
 
     def watch(self, skipped: Any, loss_scale: float | None) -> None:
         """Check the steps just run for a stall (nothing to check here).

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import keras
 import numpy as np
 
 from ktrainer.errors import check_choice, check_int
-from ktrainer.gradients import scale
 from ktrainer.precision.base import Precision
-from ktrainer.precision.loss_scale import apply_or_skip
+from ktrainer.precision.loss_scale import DynamicLossScale, NoLossScale
 
 __all__ = ["MixedPrecision", "TrainingStalledError"]
 
@@ -67,34 +65,13 @@ class MixedPrecision(Precision):
         return keras.mixed_precision.LossScaleOptimizer(
             optimizer, initial_scale=self.initial_scale, dynamic_growth_steps=self.growth_interval)
 
-    def scale_loss(self, loss: Any, optimizer: Any) -> Any:
-        """Multiply the loss by the current scale."""
-        if not self.loss_scaling:
-            return loss
-        return loss * keras.ops.cast(optimizer.dynamic_scale, loss.dtype)
-
-    def unscale_gradients(self, gradients: list, optimizer: Any) -> list:
-        """Divide the gradients by the current scale (once; the update does not unscale again)."""
-        if not self.loss_scaling:
-            return gradients
-        inverse = 1.0 / optimizer.dynamic_scale
-        return [scale(g, inverse) for g in gradients]  # sparse gradients stay sparse
-
-    def apply(self, optimizer: Any, apply: Callable[[], None], finite: Any) -> Any:
-        """Apply when every gradient is finite on every replica, else skip; move the scale either way."""
-        if not self.loss_scaling:
-            return super().apply(optimizer, apply, finite)
-        return apply_or_skip(optimizer, apply, finite)
+    def loss_scale_of(self, optimizer: Any) -> DynamicLossScale | NoLossScale:
+        """A `DynamicLossScale` over the LossScaleOptimizer's variables ("16-mixed"), else `NoLossScale`."""
+        return DynamicLossScale(optimizer) if self.loss_scaling else NoLossScale()
 
     def optimizer_to_step(self, optimizer: Any) -> Any:
         """The inner optimizer under "16-mixed": the gradients reaching it are already unscaled."""
         return optimizer.inner_optimizer if self.loss_scaling else optimizer
-
-    def loss_scale(self, optimizer: Any) -> Any:
-        """The current loss scale ("16-mixed"), else None."""
-        if not self.loss_scaling:
-            return None
-        return optimizer.dynamic_scale if optimizer.built else optimizer.initial_scale
 
     def watch(self, skipped: np.ndarray, loss_scale: float | None) -> None:
         """Check the steps just run for a stall (Python, between compiled calls).

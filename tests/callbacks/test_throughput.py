@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 
 import ktrainer as kt
-from ktrainer.callbacks.throughput import forward_flops, graph_flops, peak_flops_per_device, training_flops
+from ktrainer.backends.tensorflow.flops import forward_flops, graph_flops, training_flops
+from ktrainer.callbacks.throughput import peak_flops_per_device
 from tests.helpers import Classifier, read_scalars
 
 L = keras.layers

@@ -21,10 +21,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from ktrainer.gradients import dense, scale, values
+from ktrainer.backends.tensorflow.gradients import dense, scale, values
 from ktrainer.hooks import call_step_hook, loss_from_return
 from ktrainer.module import LogOptions
-from ktrainer.step import (
+from ktrainer.step_outputs import (
     APPLIED,
     BATCH_SIZE,
     LOSS_SCALE,

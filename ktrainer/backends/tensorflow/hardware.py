@@ -1,25 +1,12 @@
-"""What accelerators this process sees: kinds and GPU compute capabilities."""
+"""TensorFlow: what accelerators this process sees (kinds and GPU compute capabilities)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import tensorflow as tf
 
-__all__ = ["Accelerators", "visible_accelerators"]
+from ktrainer.precision.advice import Accelerators
 
-
-@dataclass(frozen=True)
-class Accelerators:
-    """The accelerators visible to TensorFlow.
-
-    Attributes:
-        gpus: Compute capability of each GPU as (major, minor); (0, 0) when unknown.
-        tpus: Number of TPU devices.
-    """
-
-    gpus: tuple[tuple[int, int], ...] = field(default_factory=tuple)
-    tpus: int = 0
+__all__ = ["visible_accelerators"]
 
 
 def visible_accelerators() -> Accelerators:

@@ -1,0 +1,117 @@
+"""The interface every backend implements; the Trainer calls nothing backend-specific but these."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ktrainer.precision.advice import Accelerators
+
+__all__ = ["Engine", "Runner"]
+
+
+class Runner:
+    """Runs a compiled step over up to N batches per call.
+
+    `run` returns each output key's per-step values (numpy arrays of equal length; empty when the
+    iterator was already exhausted), so logging stays per step whatever N is.
+    """
+
+    def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0) -> dict[str, Any]:
+        """Run up to `num_steps` batches from `iterator` (fewer when it ends); `first_index` is the first
+        batch's index in its epoch (the hooks' `batch_idx`)."""
+        raise NotImplementedError
+
+
+class Engine:
+    """One backend's way of running a Module: devices and variable placement, compiled steps, data, state.
+
+    Attributes:
+        name: The Keras backend ("tensorflow" or "jax").
+        plan: The device plan it runs (from `ktrainer.backends.plan_devices`).
+    """
+
+    name = ""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+
+    # ----- devices ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the device context (strategy, distribution), once, before anything is built."""
+
+    @property
+    def replicas(self) -> int:
+        """Replicas a global batch is split over (all processes together)."""
+        raise NotImplementedError
+
+    @property
+    def multi_process(self) -> bool:
+        """True when several processes train together (they must agree on when to stop)."""
+        return self.plan.num_nodes > 1
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """Where the model and optimizer variables are created (placed on the devices)."""
+        return contextlib.nullcontext()
+
+    def strategy_name(self) -> str:
+        """How the devices are used, for the fit summary (e.g. "mirrored", "data_parallel")."""
+        return self.plan.strategy
+
+    def visible_accelerators(self) -> Accelerators:
+        """The GPUs (compute capability) and TPUs this process sees."""
+        return Accelerators()
+
+    def device_name(self) -> str | None:
+        """The name of the first GPU, for its peak FLOP/s; None elsewhere."""
+        return None
+
+    def tf32_enabled(self) -> bool:
+        """Whether float32 matrix products run in TensorFloat-32 on a GPU."""
+        return False
+
+    # ----- steps -----------------------------------------------------------------------------------
+
+    def train_step(self, module: Any, optimizers: list, configured: list, precision: Any, *,
+                   gradient_clip_val: float | None, accumulate_grad_batches: int) -> Any:
+        """The training step of this backend (see its `TrainStep`): state, accumulation, loss scaling."""
+        raise NotImplementedError
+
+    def prepare_train_step(self, step: Any, source: Any) -> list[str]:
+        """Trace the training step once (building a subclassed model, finding its output keys), build the
+        optimizer and the step's state; returns the output keys."""
+        raise NotImplementedError
+
+    def train_runner(self, step: Any, keys: list[str]) -> Runner:
+        """A runner of the training step."""
+        raise NotImplementedError
+
+    def eval_runner(self, module: Any, source: Any, hook: str, prefix: str) -> Runner:
+        """A runner of `validation_step` or `test_step` (traced once here)."""
+        raise NotImplementedError
+
+    def batches(self, source: Any, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Iterator[Any]:
+        """An iterator over one epoch of `source`'s global batches, fed to this backend's devices."""
+        raise NotImplementedError
+
+    def predict(self, module: Any, source: Any) -> list[Any]:
+        """`module.predict_step` over the source, one numpy structure per global batch."""
+        raise NotImplementedError
+
+    def training_flops(self, module: Any, global_batch_size: int) -> float | None:
+        """FLOPs of one training step over a global batch; None when they cannot be counted."""
+        return None
+
+    # ----- state -----------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Make the Keras variables hold the training state (where a compiled step keeps its own copy)."""
+
+    def reload(self) -> None:
+        """Take the training state from the Keras variables again (after they were assigned: a resume, EMA)."""
+
+    def request_stop(self, step: Any) -> None:
+        """Tell the other processes, through the next step, that this one wants to stop (preemption)."""
+

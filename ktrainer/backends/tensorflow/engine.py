@@ -1,0 +1,105 @@
+"""The TensorFlow engine: a tf.distribute strategy, `tf.function` steps over distributed datasets."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from ktrainer.backends.engine import Engine, Runner
+from ktrainer.backends.tensorflow import flops, hardware
+from ktrainer.backends.tensorflow.steps import CompiledSteps, compile_predict_step, discover_outputs
+from ktrainer.backends.tensorflow.train_step import TrainStep
+from ktrainer.precision.advice import Accelerators
+from ktrainer.step_outputs import EvalStep
+
+__all__ = ["TensorFlowEngine"]
+
+
+class TensorFlowEngine(Engine):
+    """Runs steps under the plan's tf.distribute strategy (made at `start`)."""
+
+    name = "tensorflow"
+
+    def __init__(self, plan: Any) -> None:
+        super().__init__(plan)
+        self.strategy: tf.distribute.Strategy | None = None
+
+    def start(self) -> None:
+        """Make the plan's strategy (once per Trainer)."""
+        if self.strategy is None:
+            self.strategy = self.plan.make_strategy()
+
+    @property
+    def replicas(self) -> int:
+        """Replicas in sync (1 before `start`)."""
+        return self.strategy.num_replicas_in_sync if self.strategy is not None else 1
+
+    @property
+    def multi_process(self) -> bool:
+        """True under MultiWorkerMirroredStrategy."""
+        return self.plan.strategy == "multi_worker"
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """The strategy's scope."""
+        return self.strategy.scope()
+
+    def visible_accelerators(self) -> Accelerators:
+        """GPUs and TPUs TensorFlow sees."""
+        return hardware.visible_accelerators()
+
+    def device_name(self) -> str | None:
+        """The first GPU's name."""
+        return flops.gpu_name()
+
+    def tf32_enabled(self) -> bool:
+        """TensorFlow's TensorFloat-32 setting."""
+        return flops.tf32_enabled()
+
+    def train_step(self, module: Any, optimizers: list, configured: list, precision: Any, *,
+                   gradient_clip_val: float | None, accumulate_grad_batches: int) -> TrainStep:
+        """A `TrainStep`; with several workers it carries the stop flag they agree on."""
+        stop_flag = tf.Variable(0.0, trainable=False) if self.multi_process else None
+        return TrainStep(module, optimizers, configured, precision, self.strategy,
+                         gradient_clip_val=gradient_clip_val, accumulate_grad_batches=accumulate_grad_batches,
+                         stop_flag=stop_flag)
+
+    def prepare_train_step(self, step: TrainStep, source: Any) -> list[str]:
+        """Trace `step.forward` on the data's spec (inside the scope), then build the step's variables."""
+        with self.strategy.scope():
+            keys = discover_outputs(step.forward, source.element_spec)
+            step.build()
+        return keys
+
+    def train_runner(self, step: TrainStep, keys: list[str]) -> Runner:
+        """`CompiledSteps` of the training step."""
+        return CompiledSteps(step, self.strategy, keys)
+
+    def eval_runner(self, module: Any, source: Any, hook: str, prefix: str) -> Runner:
+        """`CompiledSteps` of an `EvalStep` (traced here, which builds a subclassed model)."""
+        step = EvalStep(module, hook, prefix)
+        return CompiledSteps(step, self.strategy, discover_outputs(step, source.element_spec))
+
+    def batches(self, source: Any, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Iterator[Any]:
+        """The strategy's distributed iterator over the epoch's tf.data.Dataset."""
+        return iter(self.strategy.experimental_distribute_dataset(source.epoch(epoch, skip_batches, seed)))
+
+    def predict(self, module: Any, source: Any) -> list[Any]:
+        """The compiled predict step over every global batch."""
+        step = compile_predict_step(module, self.strategy)
+        dataset = self.strategy.experimental_distribute_dataset(source.epoch(0))
+        return [keras.tree.map_structure(np.asarray, step(batch, tf.constant(index, tf.int64)))
+                for index, batch in enumerate(dataset)]
+
+    def training_flops(self, module: Any, global_batch_size: int) -> float | None:
+        """Counted statically from the traced forward graph (x3 for the backward pass)."""
+        return flops.training_flops(module.model, global_batch_size)
+
+    def request_stop(self, step: TrainStep) -> None:
+        """Set this worker's stop flag: every worker reads the sum in the next execution's all-reduce."""
+        if step.stop_flag is not None:
+            step.stop_flag.assign(1.0)
