@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from ktrainer.backends.tensorflow.memory import peak_memory, reset_peak_memory
 from ktrainer.callbacks import Callback
 from ktrainer.errors import check_bool, check_int
 from ktrainer.fs import Location
 from ktrainer.loggers import TensorBoardLogger
 from ktrainer.module import Module
 from ktrainer.precision import resolve_precision
-from ktrainer.backends.tensorflow.memory import peak_memory, reset_peak_memory
 from ktrainer.trainer import Trainer
 
 __all__ = ["compare_precision", "PrecisionComparison"]

@@ -69,9 +69,8 @@ def fit_summary(trainer: Any, module: Any, train: Any, val: Any, resumed: Any) -
         ("model", f"{type(module).__name__}: {model.name}, {total:,} parameters ({trainable:,} trainable)"),
         ("precision", summarize(precision_report(model), precision.name, precision.policy)
          + (", dynamic loss scaling" if precision.loss_scaling else "")),
-        ("devices", f"{trainer.num_replicas} x {trainer.plan.accelerator}, strategy "
-                    f"{trainer.engine.strategy_name()}" + (f", {trainer.plan.num_nodes} nodes" if trainer.plan.num_nodes > 1
-                                                 else "")),
+        ("devices", f"{trainer.num_replicas} x {trainer.plan.accelerator}, strategy {trainer.engine.strategy_name()}"
+                    + (f", {trainer.plan.num_nodes} nodes" if trainer.plan.num_nodes > 1 else "")),
         ("batch", _batch_line(trainer, train)),
         ("learning rate", _rate_line(trainer)),
         ("data", _data_line(train, val, trainer.num_training_batches)),
