@@ -31,13 +31,9 @@ __all__ = ["Trainer", "Module", "Preempted", "callbacks", "loggers", "precision"
 
 
 def _check_keras_backend() -> None:
-    import keras
+    from ktrainer.backends import backend_name
 
-    if keras.backend.backend() != "tensorflow":
-        raise ImportError(
-            f"ktrainer runs Keras on the TensorFlow backend, but Keras was started with the "
-            f"{keras.backend.backend()!r} backend. Set KERAS_BACKEND=tensorflow before importing keras."
-        )
+    backend_name()
 
 
 __getattr__, __dir__ = lazy_exports(__name__, {

@@ -1,6 +1,6 @@
 """Preemption: SIGTERM after the first committed checkpoint saves, runs the hooks, exits 143, and the run resumes
 exactly (a fresh process); a signal during validation, during an async save or before the first step.
-Two workers agreeing on the step: tests/backends/tensorflow/test_multi_worker.py."""
+Two workers agreeing on the step: tests/backends/tensorflow_engine/test_multi_worker.py."""
 
 from __future__ import annotations
 

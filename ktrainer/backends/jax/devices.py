@@ -1,0 +1,163 @@
+"""JAX: accelerator / devices / strategy / num_nodes -> a checked plan over `jax.devices()`; jax.distributed.
+
+On a machine without GPUs, `devices=N` gives N virtual CPU devices (`jax_num_cpu_devices`), as the
+TensorFlow engine splits the CPU into logical devices; this must happen before JAX runs anything.
+With `num_nodes > 1` the processes meet through `keras.distribution.initialize` (jax.distributed):
+`ktrainer launch` sets the coordinator's address, the process count and each process's id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import keras
+
+from ktrainer.errors import check_choice, check_int
+
+__all__ = ["JaxDevicePlan", "plan_devices", "COORDINATOR", "NUM_PROCESSES", "PROCESS_ID"]
+
+log = logging.getLogger("ktrainer")
+
+ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
+STRATEGIES = ("auto", "one_device", "data_parallel", "mirrored", "multi_worker")
+# Keras's own names (keras.distribution.initialize reads them); `ktrainer launch` sets them.
+COORDINATOR = "KERAS_DISTRIBUTION_JOB_ADDRESSES"  # host:port of process 0
+NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
+PROCESS_ID = "KERAS_DISTRIBUTION_PROCESS_ID"
+
+
+@dataclass(frozen=True)
+class JaxDevicePlan:
+    """Where a run executes on JAX.
+
+    Attributes:
+        accelerator: "cpu", "gpu" or "tpu".
+        device_ids: Indices into `jax.local_devices()` this process uses.
+        strategy: "one_device" or "data_parallel".
+        num_nodes: Processes training together.
+    """
+
+    accelerator: str
+    device_ids: tuple[int, ...]
+    strategy: str
+    num_nodes: int = 1
+
+    @property
+    def is_chief(self) -> bool:
+        """True in process 0 (the one that writes logs and checkpoints)."""
+        return jax.process_index() == 0
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Device names, e.g. ("cpu:0", "cpu:1")."""
+        return tuple(f"{self.accelerator}:{i}" for i in self.device_ids)
+
+    def jax_devices(self) -> list[Any]:
+        """The devices of every process (a global mesh): each process's chosen local devices."""
+        if self.num_nodes == 1:
+            local = jax.local_devices()
+            return [local[i] for i in self.device_ids]
+        return list(jax.devices())
+
+
+def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any = "auto",
+                 num_nodes: int = 1) -> JaxDevicePlan:
+    """Check the Trainer's device arguments against JAX's devices and return the plan.
+
+    Raises:
+        ValueError: For values that are wrong, conflict, or ask for devices that are not there
+            (naming what is visible), or several nodes without a coordinator.
+    """
+    check_choice("accelerator", accelerator, ACCELERATORS)
+    check_int("num_nodes", num_nodes, minimum=1)
+    if not isinstance(strategy, str):
+        raise ValueError(f"strategy={strategy!r}: on the JAX backend the strategy is one of {STRATEGIES}; a "
+                         "tf.distribute.Strategy object needs KERAS_BACKEND=tensorflow.")
+    check_choice("strategy", strategy, STRATEGIES)
+    count = _requested_count(devices)
+    if num_nodes > 1 or strategy == "multi_worker":
+        _join_processes(num_nodes)
+    elif count is not None and count > 1 and accelerator in ("auto", "cpu"):
+        _virtual_cpus(count, devices)
+    platform = jax.default_backend()
+    if accelerator == "auto":
+        accelerator = platform if platform in ("gpu", "tpu") else "cpu"
+    if accelerator != "cpu" and platform != accelerator:
+        raise ValueError(f"accelerator={accelerator!r}, but JAX runs on {platform!r} ({jax.devices()}). Install "
+                         f"jax with {accelerator} support, or use accelerator='auto'.")
+    local = jax.local_devices(backend=accelerator)
+    indices = _device_indices(devices, accelerator, len(local))
+    if strategy == "one_device" and len(indices) > 1:
+        raise ValueError(f"strategy='one_device' conflicts with devices={devices!r} ({len(indices)} devices). "
+                         "Use strategy='data_parallel' (or 'auto'), or devices=1.")
+    several = len(indices) > 1 or num_nodes > 1
+    return JaxDevicePlan(accelerator, tuple(indices), "data_parallel" if several else "one_device",
+                         max(num_nodes, jax.process_count()))
+
+
+def _requested_count(devices: Any) -> int | None:
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        return devices
+    if isinstance(devices, Sequence) and not isinstance(devices, str) and devices:
+        return max(int(i) for i in devices if isinstance(i, int)) + 1
+    return None
+
+
+def _device_indices(devices: Any, accelerator: str, visible: int) -> list[int]:
+    if devices == "auto":
+        return list(range(visible)) if accelerator != "cpu" else [0]
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        indices = list(devices)
+        if not indices or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
+            raise ValueError(f"devices={devices!r}: a list of devices must hold indices >= 0, e.g. [0, 1].")
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"devices={devices!r} repeats an index; list each device once.")
+    elif isinstance(devices, int) and not isinstance(devices, bool):
+        if devices < 1:
+            raise ValueError(f"devices={devices} must be >= 1 (or 'auto', or a list of indices).")
+        indices = list(range(devices))
+    else:
+        raise ValueError(f"devices must be 'auto', an int >= 1 or a list of indices, got {devices!r}.")
+    if max(indices) >= visible:
+        raise ValueError(f"devices={devices!r} asks for {accelerator} index {max(indices)}, but JAX sees {visible} "
+                         f"{accelerator} device(s) in this process (indices 0..{visible - 1}).")
+    return indices
+
+
+def _virtual_cpus(count: int, asked: Any) -> None:
+    """Make `count` virtual CPU devices (only possible before JAX initializes its backends)."""
+    try:
+        jax.config.update("jax_num_cpu_devices", max(count, jax.config.jax_num_cpu_devices))
+    except RuntimeError as error:
+        have = len(jax.local_devices(backend="cpu"))
+        if have >= count:
+            return
+        raise ValueError(
+            f"devices={asked!r} on a CPU needs {count} virtual CPU devices, but JAX already started with {have}. "
+            "Create the Trainer before running any JAX or Keras operation (e.g. build arrays in the module's "
+            f"hooks), or set XLA_FLAGS=--xla_force_host_platform_device_count={count} before starting Python."
+        ) from error
+
+
+def _join_processes(num_nodes: int) -> None:
+    """Meet the other processes through jax.distributed (once per process)."""
+    if jax.process_count() > 1:
+        return
+    address = os.environ.get(COORDINATOR)
+    if address is None:
+        raise ValueError(
+            f"num_nodes={num_nodes} on the JAX backend needs the coordinator's address, but {COORDINATOR} is not set: "
+            f"this process would train alone. Start the processes with `ktrainer launch --nodes {num_nodes} -- "
+            f"<command>` (one machine), or set {COORDINATOR} (host:port of process 0), {NUM_PROCESSES} and "
+            f"{PROCESS_ID} on every node (docs/distributed.md has SLURM and Kubernetes recipes)."
+        )
+    processes = int(os.environ.get(NUM_PROCESSES, num_nodes))
+    if num_nodes > 1 and processes != num_nodes:
+        raise ValueError(f"num_nodes={num_nodes}, but {NUM_PROCESSES}={processes}. Make them agree.")
+    keras.distribution.initialize(address, processes, int(os.environ[PROCESS_ID]))
+    log.info("Joined %d processes through %s as process %d.", processes, address, jax.process_index())

@@ -1,0 +1,305 @@
+"""The JAX engine: keras.distribution.DataParallel over the plan's devices, jitted stateless steps.
+
+Batches are numpy global batches from the data source, placed on the mesh split along the batch
+(each process gives its own slice of the same global batch). A batch that does not split evenly
+over the devices (the last one of an evaluation set) is placed whole on every device instead, so
+every result is exact without padding. Arrays are global, so a mean over a batch is the mean over
+the global batch: no 1/replicas factor, and the finite check of loss scaling is global for free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ktrainer.backends.engine import Engine, Runner
+from ktrainer.backends.jax.train_step import JaxTrainStep, stateless_values
+from ktrainer.hooks import call_step_hook, traced_batch_index
+from ktrainer.precision.advice import Accelerators
+from ktrainer.step_outputs import STOP, EvalStep
+
+__all__ = ["JaxEngine"]
+
+
+def to_host(array: Any) -> np.ndarray:
+    """A (replicated) global array as a numpy array, also when other processes hold part of its devices."""
+    if getattr(array, "is_fully_addressable", True):
+        return np.asarray(array)
+    return np.asarray(array.addressable_data(0))
+
+
+class JaxEngine(Engine):
+    """Runs jitted stateless steps on the plan's devices (a `DataParallel` distribution with several)."""
+
+    name = "jax"
+
+    def __init__(self, plan: Any) -> None:
+        super().__init__(plan)
+        self.strategy: keras.distribution.Distribution | None = None
+        self._mesh: jax.sharding.Mesh | None = None
+        self._step: JaxTrainStep | None = None
+        self._stop_requested = False
+
+    def start(self) -> None:
+        """Make the distribution over the plan's devices (once)."""
+        if self._mesh is not None:
+            return
+        devices = self.plan.jax_devices()
+        self._mesh = jax.sharding.Mesh(np.array(devices), ("batch",))
+        if len(devices) > 1:
+            self.strategy = keras.distribution.DataParallel(devices=devices)
+
+    @property
+    def replicas(self) -> int:
+        """Devices of every process."""
+        return len(self.plan.jax_devices())
+
+    def strategy_name(self) -> str:
+        """"data_parallel" (keras.distribution.DataParallel) or "one_device"."""
+        return self.plan.strategy
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """The distribution's scope: variables created in it are replicated over the devices."""
+        return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
+
+    def visible_accelerators(self) -> Accelerators:
+        """GPUs (compute capability, where JAX reports it) and TPUs."""
+        devices = jax.local_devices()
+        gpus = tuple(_capability(d) for d in devices if d.platform == "gpu")
+        return Accelerators(gpus=gpus, tpus=sum(d.platform == "tpu" for d in devices))
+
+    def device_name(self) -> str | None:
+        """The first GPU's name (e.g. "NVIDIA H200")."""
+        gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+        return gpus[0].device_kind if gpus else None
+
+    def tf32_enabled(self) -> bool:
+        """True unless JAX's default matmul precision asks for full float32."""
+        return str(jax.config.jax_default_matmul_precision or "default").lower() not in ("highest", "float32")
+
+    # ----- data --------------------------------------------------------------------------------
+
+    def batches(self, source: Any, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Iterator[Any]:
+        """Numpy global batches of the epoch (placed on the devices by the runner)."""
+        return source.numpy_batches(epoch, skip_batches, seed)
+
+    def place(self, batch: Any, *, stacked: bool = False) -> Any:
+        """Put a global batch (or N stacked ones) on the mesh, split along the batch when it divides evenly."""
+        processes, index = jax.process_count(), jax.process_index()
+        first = keras.tree.flatten(batch)[0]
+        size = first.shape[1 if stacked else 0]
+        even = size % self.replicas == 0
+        spec = (PartitionSpec(None, "batch") if stacked else PartitionSpec("batch")) if even else PartitionSpec()
+        sharding = NamedSharding(self._mesh, spec)
+
+        def put(array: np.ndarray) -> Any:
+            if processes == 1:
+                return jax.device_put(array, sharding)
+            if not even:
+                return jax.make_array_from_process_local_data(sharding, array)
+            share = size // processes
+            part = array[:, index * share:(index + 1) * share] if stacked else array[index * share:(index + 1) * share]
+            return jax.make_array_from_process_local_data(sharding, part, array.shape)
+
+        return keras.tree.map_structure(put, batch)
+
+    # ----- steps -------------------------------------------------------------------------------
+
+    def train_step(self, module: Any, optimizers: list, configured: list, precision: Any, *,
+                   gradient_clip_val: float | None, accumulate_grad_batches: int) -> JaxTrainStep:
+        """A `JaxTrainStep` of the (one) optimizer."""
+        self._step = JaxTrainStep(module, optimizers[0], precision, gradient_clip_val=gradient_clip_val,
+                                  accumulate_grad_batches=accumulate_grad_batches)
+        self._stop_requested = False
+        return self._step
+
+    def prepare_train_step(self, step: JaxTrainStep, source: Any) -> list[str]:
+        """Trace the step abstractly on the first batch's shapes (this builds a subclassed model and finds what
+        it logs), then build the optimizer and the state."""
+        batch = source.first_batch()
+        step.batch_spec = keras.tree.map_structure(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), batch)
+        with self.scope(), keras.StatelessScope():
+            logs = jax.eval_shape(lambda b: step.forward(b)[0], step.batch_spec)
+        with self.scope():
+            step.build()
+        step.keys = step.output_keys(list(logs))
+        return step.keys + ([STOP] if self.multi_process else [])
+
+    def train_runner(self, step: JaxTrainStep, keys: list[str]) -> Runner:
+        """Runs the step one batch per call, or N batches per call under `lax.scan`."""
+        return _TrainRunner(self, step, keys)
+
+    def eval_runner(self, module: Any, source: Any, hook: str, prefix: str) -> Runner:
+        """Runs `validation_step`/`test_step` jitted over the current weights."""
+        step = EvalStep(module, hook, prefix)
+        return _EvalRunner(self, module, step, source)
+
+    def predict(self, module: Any, source: Any) -> list[Any]:
+        """`predict_step` jitted over the current weights, one numpy structure per global batch."""
+        model = module.model
+        variables = list(model.variables)
+
+        def predict(values: list, batch: Any, index: Any) -> Any:
+            module._stage = "predict"
+            with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))), \
+                    traced_batch_index(index):
+                return call_step_hook(module, "predict_step", batch)
+
+        compiled = jax.jit(predict)
+        values = stateless_values(variables)
+        return [keras.tree.map_structure(to_host, compiled(values, self.place(batch), jnp.int32(index)))
+                for index, batch in enumerate(source.numpy_batches(0))]
+
+    def training_flops(self, module: Any, global_batch_size: int) -> float | None:
+        """FLOPs of the compiled training step, from XLA's cost analysis of the lowered step."""
+        step = self._step
+        if step is None or step.batch_spec is None:
+            return None
+        big, small = step.read_state()
+        compiled = jax.jit(step).lower(big, small, self.place_spec(step.batch_spec), jnp.int32(0)).compile()
+        analysis = compiled.cost_analysis()
+        if isinstance(analysis, list | tuple):
+            analysis = analysis[0] if analysis else {}
+        flops = (analysis or {}).get("flops")
+        return float(flops) if flops and flops > 0 else None
+
+    def place_spec(self, spec: Any) -> Any:
+        """Shape specs of a global batch, with the sharding `place` gives it."""
+        def sharded(each: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+            even = each.shape[0] % self.replicas == 0
+            return jax.ShapeDtypeStruct(each.shape, each.dtype, sharding=NamedSharding(
+                self._mesh, PartitionSpec("batch") if even else PartitionSpec()))
+        return keras.tree.map_structure(sharded, spec)
+
+    # ----- state -------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Write the live training state into the Keras variables."""
+        if self._step is not None:
+            self._step.write_big()
+
+    def reload(self) -> None:
+        """Drop the live state: the next step reads the (just assigned) variables."""
+        if self._step is not None:
+            self._step.big = None
+
+    def request_stop(self, step: Any) -> None:
+        """Give a stop request to the next step's all-process reduction."""
+        self._stop_requested = True
+
+
+class _TrainRunner(Runner):
+    """The training step, jitted with the state donated: one batch per call, or N under `lax.scan`."""
+
+    def __init__(self, engine: JaxEngine, step: JaxTrainStep, keys: list[str]) -> None:
+        self.engine = engine
+        self.step = step
+        self.keys = keys
+        self._single = jax.jit(step, donate_argnums=0)
+        self._scanned = jax.jit(self._scan, donate_argnums=0)
+
+    def _scan(self, big: tuple, small: tuple, batches: Any, first_index: Any) -> tuple[tuple, tuple, Any]:
+        def body(carry: tuple, inputs: tuple) -> tuple[tuple, Any]:
+            (big, small), (batch, index) = carry, inputs
+            big, small, vector = self.step(big, small, batch, index)
+            return (big, small), vector
+
+        count = keras.tree.flatten(batches)[0].shape[0]
+        (big, small), vectors = jax.lax.scan(body, (big, small), (batches, first_index + jnp.arange(count)))
+        return big, small, vectors
+
+    def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0) -> dict[str, np.ndarray]:
+        """Run up to `num_steps` batches; returns every step's values."""
+        batches = [batch for _, batch in zip(range(num_steps), iterator, strict=False)]
+        if not batches:
+            return {key: np.zeros((0,), np.float32) for key in self.keys}
+        big, small = self.step.read_state()
+        shapes = {tuple(np.shape(a) for a in keras.tree.flatten(b)) for b in batches}
+        if len(batches) > 1 and len(shapes) == 1:
+            stacked = keras.tree.map_structure(lambda *parts: np.stack(parts), *batches)
+            big, small, vectors = self._scanned(big, small, self.engine.place(stacked, stacked=True),
+                                                jnp.int32(first_index))
+        else:
+            rows = []
+            for offset, batch in enumerate(batches):
+                big, small, vector = self._single(big, small, self.engine.place(batch), jnp.int32(first_index + offset))
+                rows.append(vector)
+            vectors = jnp.stack(rows)
+        self.step.big = big
+        self.step.write_small(small)
+        values = to_host(vectors)
+        outputs = dict(zip(self.step.keys, values.T, strict=True))
+        if self.engine.multi_process:
+            outputs[STOP] = self._agreed_stop(len(batches))
+        return outputs
+
+    def _agreed_stop(self, count: int) -> np.ndarray:
+        """Whether any process asked to stop, the same answer in every process (a global sum)."""
+        from jax.experimental import multihost_utils
+
+        votes = multihost_utils.process_allgather(np.float32(self.engine._stop_requested))
+        return np.full((count,), float(np.sum(votes)), np.float32)
+
+
+class _EvalRunner(Runner):
+    """`validation_step`/`test_step` jitted over the weights of the variables (synced before an evaluation)."""
+
+    def __init__(self, engine: JaxEngine, module: Any, step: EvalStep, source: Any) -> None:
+        self.engine = engine
+        self.module = module
+        self.step = step
+        model = module.model
+        if not model.built:  # a subclassed model evaluated before training: build it abstractly
+            spec = keras.tree.map_structure(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), source.first_batch())
+            with engine.scope(), keras.StatelessScope():
+                jax.eval_shape(lambda b: step(b), spec)
+        self.variables = list(model.trainable_variables) + list(model.non_trainable_variables)
+        with keras.StatelessScope():
+            spec = keras.tree.map_structure(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), source.first_batch())
+            self.keys = list(jax.eval_shape(lambda b: step(b), spec))
+        self.metric_variables = [v for metric in module._metric_objects.get(step.prefix, {}).values()
+                                 for v in metric.variables]
+        self._compiled = jax.jit(self._step)
+
+    def _step(self, values: list, metric_values: list, batch: Any, index: Any) -> tuple[list, Any]:
+        mapping = [*zip(self.variables, values, strict=True), *zip(self.metric_variables, metric_values, strict=True)]
+        with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope, traced_batch_index(index):
+            outputs = self.step(batch)
+            metrics = [_current(scope, v, old) for v, old in zip(self.metric_variables, metric_values, strict=True)]
+        return metrics, jnp.stack([jnp.asarray(outputs[key], jnp.float32) for key in self.keys])
+
+    def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0) -> dict[str, np.ndarray]:
+        """Run up to `num_steps` batches; returns every step's values."""
+        values = stateless_values(self.variables)
+        metric_values = stateless_values(self.metric_variables)
+        rows = []
+        for offset, batch in zip(range(num_steps), iterator, strict=False):
+            metric_values, vector = self._compiled(values, metric_values, self.engine.place(batch),
+                                                   jnp.int32(first_index + offset))
+            rows.append(to_host(vector))
+        for variable, value in zip(self.metric_variables, metric_values, strict=True):
+            variable.assign(value)
+        if not rows:
+            return {key: np.zeros((0,), np.float32) for key in self.keys}
+        return dict(zip(self.keys, np.stack(rows).T, strict=True))
+
+
+def _current(scope: Any, variable: Any, old: Any) -> Any:
+    value = scope.get_current_value(variable)
+    return old if value is None else value
+
+
+def _capability(device: Any) -> tuple[int, int]:
+    capability = getattr(device, "compute_capability", None)
+    try:
+        major, minor = str(capability).split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return 0, 0
