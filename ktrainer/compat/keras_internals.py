@@ -15,7 +15,6 @@ than training with silently different numbers.
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -74,8 +73,7 @@ def with_unscaled_losses(step: Callable[..., Any]) -> Callable[..., Any]:
     """`step` running inside `unscaled_losses()`: for the per-replica step functions the Trainer compiles, whose
     Python body runs only while TensorFlow traces them."""
 
-    @functools.wraps(step)
-    def traced(*args: Any, **kwargs: Any) -> Any:
+    def traced(*args: Any, **kwargs: Any) -> Any:  # no functools.wraps: AutoGraph would inspect a step object
         with unscaled_losses():
             return step(*args, **kwargs)
 

@@ -55,7 +55,10 @@ class Record(kt.callbacks.Callback):
     """What a user's callback sees after each batch: the step's loss and the model's weights."""
 
     def __init__(self):
-        self.losses, self.weights = [], None
+        self.losses, self.weights, self.initial = [], None, None
+
+    def on_fit_start(self, trainer, module):
+        self.initial = [np.asarray(w).tolist() for w in module.model.get_weights()]
 
     def on_train_batch_end(self, trainer, module, outputs, batch_idx):
         self.losses.append((trainer.global_step, float(outputs["train/loss_step"])))
@@ -79,6 +82,7 @@ def leg(args: dict) -> dict:
     trainer.fit(module, (x, y), (x[:40], y[:40]), ckpt_path=args.get("ckpt"))
     scale = trainer.callback_metrics.get("precision/loss_scale")
     return {"backend": keras.config.backend(), "losses": record.losses, "seen_weights": record.weights,
+            "initial_weights": record.initial,
             "weights": [np.asarray(w).tolist() for w in module.model.get_weights()], "step": trainer.global_step,
             "epoch": trainer.current_epoch, "skipped": trainer.skipped_steps, "loss_scale": scale,
             "val": {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")},
