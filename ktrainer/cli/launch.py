@@ -1,4 +1,8 @@
-"""`ktrainer launch --nodes N -- COMMAND...`: N local worker processes with TF_CONFIG on free 127.0.0.1 ports."""
+"""`ktrainer launch --nodes N -- COMMAND...`: N local worker processes on free 127.0.0.1 ports.
+
+Each worker gets a TF_CONFIG (the TensorFlow engine) and Keras's `KERAS_DISTRIBUTION_*` variables naming
+worker 0 as the coordinator (the JAX engine, through jax.distributed).
+"""
 
 from __future__ import annotations
 
@@ -103,9 +107,14 @@ def _signal_name(number: int) -> str:
 
 def _start(command: list[str], nodes: int, output: _Output, processes: list[subprocess.Popen]) -> None:
     """Start the workers into `processes`, each with its TF_CONFIG, its output followed by `output`."""
-    for index, config in enumerate(local_cluster(nodes)):
+    configs = local_cluster(nodes)
+    coordinator = json.loads(configs[0])["cluster"]["worker"][0]
+    for index, config in enumerate(configs):
         # Unbuffered: a worker's lines reach the launcher as printed, and are not lost when it is stopped.
-        env = {**os.environ, "TF_CONFIG": config, "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")}
+        # TF_CONFIG for the TensorFlow engine; Keras's keras.distribution.initialize variables for the JAX one.
+        env = {**os.environ, "TF_CONFIG": config, "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1"),
+               "KERAS_DISTRIBUTION_JOB_ADDRESSES": coordinator, "KERAS_DISTRIBUTION_NUM_PROCESSES": str(nodes),
+               "KERAS_DISTRIBUTION_PROCESS_ID": str(index)}
         try:
             # Own sessions: a signal to the launcher's process group reaches the workers through
             # `forward` only, not twice; and a worker's whole process group can be stopped.

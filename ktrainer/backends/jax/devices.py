@@ -146,7 +146,7 @@ def _virtual_cpus(count: int, asked: Any) -> None:
 
 def _join_processes(num_nodes: int) -> None:
     """Meet the other processes through jax.distributed (once per process)."""
-    if jax.process_count() > 1:
+    if jax.distributed.is_initialized():  # asking jax.process_count() would start JAX too early
         return
     address = os.environ.get(COORDINATOR)
     if address is None:

@@ -1,0 +1,28 @@
+"""Two JAX processes through `ktrainer launch` and jax.distributed on 127.0.0.1: one model, one writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def test_two_launched_processes_end_with_bit_identical_weights_and_only_the_chief_writes(tmp_path):
+    root = tmp_path / "run"
+    command = [sys.executable, "-m", "ktrainer.cli.main", "launch", "--nodes", "2", "--", sys.executable,
+               str(HERE / "no_tensorflow.py"), str(HERE / "two_process_run.py"), str(root)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(HERE.parents[2])})
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines()
+                      if "RESULT " in line), key=lambda r: r["process"])
+    assert [r["process"] for r in results] == [0, 1]
+    assert [r["chief"] for r in results] == [True, False]
+    assert all(r["replicas"] == 2 and r["step"] == 12 and not r["tensorflow_imported"] for r in results)
+    assert results[0]["weights"] == results[1]["weights"]
+    assert sorted(os.listdir(root / "checkpoints")) == ["step-00000006", "step-00000012"]
+    assert os.listdir(root / "tensorboard") == ["version_0"]
