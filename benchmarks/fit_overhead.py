@@ -1,11 +1,14 @@
-"""Per-step overhead of Trainer.fit against keras Model.fit and a hand-written tf.function loop.
+"""Per-step overhead of Trainer.fit against keras Model.fit and a hand-written loop, on TensorFlow or JAX.
 
+The hand-written loop is a `tf.function` over a tf.data iterator on TensorFlow, and a `jax.jit` of
+`model.stateless_call` + `optimizer.stateless_apply` (N batches under `lax.scan`) on JAX.
 All three train the same small MLP (where Python overhead dominates) on the same numpy data,
 with the same batch size and optimizer, in one process. Each runs `--epochs` epochs; the first
 (tracing and compilation) is dropped and the median epoch time of the rest gives steps/s; the
 three runs are repeated, interleaved, and the median of the repeats is reported.
 
-    python benchmarks/fit_overhead.py [--epochs 4] [--examples 16384] [--batch-size 32] [--repeats 3]
+    python benchmarks/fit_overhead.py [--backend tensorflow|jax] [--epochs 4] [--examples 16384]
+                                      [--batch-size 32] [--repeats 3]
 
 Prints steps/s of each and the ratios a/b (Trainer / Model.fit) and a/c (Trainer / hand loop)
 at steps_per_execution 1 and 16. Absolute numbers depend on the machine; compare the ratios.
@@ -17,14 +20,15 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+BACKEND = sys.argv[sys.argv.index("--backend") + 1] if "--backend" in sys.argv else "tensorflow"
+os.environ["KERAS_BACKEND"] = BACKEND  # before Keras is imported: one backend per process
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 import ktrainer as kt  # noqa: E402
 
@@ -91,6 +95,54 @@ def run_keras_fit(data, args, spe) -> list[float]:
 
 
 def run_hand_loop(data, args, spe) -> list[float]:
+    return run_jax_loop(data, args, spe) if BACKEND == "jax" else run_tf_loop(data, args, spe)
+
+
+def run_jax_loop(data, args, spe) -> list[float]:
+    import jax
+
+    keras.utils.set_random_seed(0)
+    model = make_model()
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+    x, y = data
+
+    def one_step(state, batch):
+        trainable, non_trainable, optimizer_values = state
+        bx, by = batch
+
+        def compute(values):
+            logits, _ = model.stateless_call(values, non_trainable, bx, training=True)
+            return loss_fn(by, logits)
+
+        loss, grads = jax.value_and_grad(compute)(trainable)
+        trainable, optimizer_values = optimizer.stateless_apply(optimizer_values, grads, trainable)
+        return (trainable, non_trainable, optimizer_values), loss
+
+    @jax.jit
+    def run_steps(state, batches):
+        return jax.lax.scan(one_step, state, batches)
+
+    state = ([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
+             [v.value for v in optimizer.variables])
+    times = []
+    for epoch in range(args.epochs):
+        start = time.perf_counter()
+        order = np.random.default_rng(epoch).permutation(len(x))  # the same input pipeline as the Trainer's
+        ex, ey = x[order], y[order]
+        size = args.batch_size * spe
+        for begin in range(0, len(x) - size + 1, size):
+            batches = (ex[begin:begin + size].reshape(spe, args.batch_size, -1),
+                       ey[begin:begin + size].reshape(spe, args.batch_size))
+            state, losses = run_steps(state, batches)
+            np.asarray(losses)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def run_tf_loop(data, args, spe) -> list[float]:
+    import tensorflow as tf
+
     keras.utils.set_random_seed(0)
     model = make_model()
     optimizer = keras.optimizers.Adam(1e-3)
@@ -137,13 +189,15 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=16384)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median is reported")
+    parser.add_argument("--backend", choices=("tensorflow", "jax"), default="tensorflow")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.examples, 20)).astype(np.float32)
     data = (x, x[:, :3].argmax(axis=1).astype(np.int32))
     steps = -(-args.examples // args.batch_size)
+    engine = __import__(BACKEND)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
-          f"tensorflow {tf.__version__}, keras {keras.__version__}")
+          f"{BACKEND} {engine.__version__}, keras {keras.__version__}")
     print(f"{steps} steps/epoch of batch {args.batch_size}; median of epochs 2..{args.epochs}, "
           f"median of {args.repeats} interleaved repeats")
     print(f"{'spe':>4} {'a: Trainer':>12} {'b: Model.fit':>13} {'c: hand loop':>13} {'a/b':>6} {'a/c':>6}")
