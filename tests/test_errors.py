@@ -52,7 +52,7 @@ def test_bad_trainer_arguments_are_value_errors(tmp_path, kwargs, match):
         ((np.zeros((8, 4), np.float32), np.zeros((7,), np.float32)), "different lengths"),
         (tf.data.Dataset.from_tensor_slices((np.zeros((0, 4), np.float32), np.zeros(0, np.float32))).batch(2),
          "empty tf.data.Dataset"),
-        ("not data", "must be a tf.data.Dataset, a keras.utils.PyDataset, or numpy arrays"),
+        ("not data", "must be numpy arrays .an array, or a tuple/dict of arrays., a keras.utils.PyDataset"),
     ],
 )
 def test_bad_training_data_fails_before_any_step_or_write(tmp_path, data, match):
