@@ -3,7 +3,7 @@
 An Embedding's gradient is an `IndexedSlices` (the rows a batch touched). Python arithmetic on it
 (`g / scale`, `g * factor`, `tf.math.is_finite(g)`) makes it a dense tensor of the whole table:
 memory, time, and a sparse-aware optimizer step (Adam's lazy rows) turned into a dense one. These
-helpers act on its values only.
+helpers act on its values only; scaling one is `ktrainer.precision.loss_scale.scale_gradient`.
 """
 
 from __future__ import annotations
@@ -12,17 +12,7 @@ from typing import Any
 
 import tensorflow as tf
 
-__all__ = ["scale", "values", "dense"]
-
-
-def scale(gradient: Any, factor: Any) -> Any:
-    """`gradient * factor`, an IndexedSlices staying one."""
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        factor = tf.cast(factor, gradient.values.dtype)
-        return tf.IndexedSlices(gradient.values * factor, gradient.indices, gradient.dense_shape)
-    return gradient * tf.cast(factor, gradient.dtype)
+__all__ = ["values", "dense"]
 
 
 def values(gradient: Any) -> tf.Tensor:

@@ -21,9 +21,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from ktrainer.backends.tensorflow.gradients import dense, scale, values
+from ktrainer.backends.tensorflow.gradients import dense, values
 from ktrainer.hooks import call_step_hook, loss_from_return
 from ktrainer.module import LogOptions
+from ktrainer.precision.loss_scale import scale_gradient
 from ktrainer.step_outputs import (
     APPLIED,
     BATCH_SIZE,
@@ -190,7 +191,7 @@ class UpdateRule:
             total = _all_reduce_sum([dense(g) for g in local_gradients])  # the norm of the sum
             norm = tf.linalg.global_norm(total)
             factor = tf.minimum(1.0, self.clip / tf.maximum(norm, 1e-12))
-            local_gradients = [scale(g, factor) for g in local_gradients]
+            local_gradients = [scale_gradient(g, factor) for g in local_gradients]
         optimizer = self.precision.optimizer_to_step(self.optimizer)
         optimizer.apply(local_gradients, self._present(self.variables))
 
