@@ -20,12 +20,17 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ktrainer.backends.engine import Engine, Runner
-from ktrainer.backends.jax.train_step import JaxTrainStep, stateless_values
+from ktrainer.backends.jax.train_step import JaxTrainStep, current_values, stateless_values
 from ktrainer.hooks import call_step_hook, traced_batch_index
 from ktrainer.precision.advice import Accelerators
 from ktrainer.step_outputs import STOP, EvalStep
 
 __all__ = ["JaxEngine"]
+
+
+def shape_spec(batch: Any) -> Any:
+    """The shapes and dtypes of a numpy batch, as a jax.eval_shape argument."""
+    return keras.tree.map_structure(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), batch)
 
 
 def to_host(array: Any) -> np.ndarray:
@@ -93,11 +98,8 @@ class JaxEngine(Engine):
     def place(self, batch: Any, *, stacked: bool = False) -> Any:
         """Put a global batch (or N stacked ones) on the mesh, split along the batch when it divides evenly."""
         processes, index = jax.process_count(), jax.process_index()
-        first = keras.tree.flatten(batch)[0]
-        size = first.shape[1 if stacked else 0]
-        even = size % self.replicas == 0
-        spec = (PartitionSpec(None, "batch") if stacked else PartitionSpec("batch")) if even else PartitionSpec()
-        sharding = NamedSharding(self._mesh, spec)
+        size = keras.tree.flatten(batch)[0].shape[1 if stacked else 0]
+        sharding, even = self._batch_sharding(size, stacked)
 
         def put(array: np.ndarray) -> Any:
             if processes == 1:
@@ -123,8 +125,7 @@ class JaxEngine(Engine):
     def prepare_train_step(self, step: JaxTrainStep, source: Any) -> list[str]:
         """Trace the step abstractly on the first batch's shapes (this builds a subclassed model and finds what
         it logs), then build the optimizer and the state."""
-        batch = source.first_batch()
-        step.batch_spec = keras.tree.map_structure(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), batch)
+        step.batch_spec = shape_spec(source.first_batch())
         with self.scope(), keras.StatelessScope():
             logs = jax.eval_shape(lambda b: step.forward(b)[0], step.batch_spec)
         with self.scope():
@@ -173,10 +174,14 @@ class JaxEngine(Engine):
     def place_spec(self, spec: Any) -> Any:
         """Shape specs of a global batch, with the sharding `place` gives it."""
         def sharded(each: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
-            even = each.shape[0] % self.replicas == 0
-            return jax.ShapeDtypeStruct(each.shape, each.dtype, sharding=NamedSharding(
-                self._mesh, PartitionSpec("batch") if even else PartitionSpec()))
+            return jax.ShapeDtypeStruct(each.shape, each.dtype, sharding=self._batch_sharding(each.shape[0])[0])
         return keras.tree.map_structure(sharded, spec)
+
+    def _batch_sharding(self, size: int, stacked: bool = False) -> tuple[NamedSharding, bool]:
+        """Split along the batch when `size` divides evenly over the devices, else whole on every device."""
+        even = size % self.replicas == 0
+        spec = (PartitionSpec(None, "batch") if stacked else PartitionSpec("batch")) if even else PartitionSpec()
+        return NamedSharding(self._mesh, spec), even
 
     # ----- state -------------------------------------------------------------------------------
 
@@ -256,14 +261,11 @@ class _EvalRunner(Runner):
         self.module = module
         self.step = step
         model = module.model
-        if not model.built:  # a subclassed model evaluated before training: build it abstractly
-            spec = keras.tree.map_structure(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), source.first_batch())
-            with engine.scope(), keras.StatelessScope():
-                jax.eval_shape(lambda b: step(b), spec)
+        spec = shape_spec(source.first_batch())
+        # Traced abstractly once: this builds a subclassed model evaluated before training, and gives the keys.
+        with engine.scope(), keras.StatelessScope():
+            self.keys = list(jax.eval_shape(step, spec))
         self.variables = list(model.trainable_variables) + list(model.non_trainable_variables)
-        with keras.StatelessScope():
-            spec = keras.tree.map_structure(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), source.first_batch())
-            self.keys = list(jax.eval_shape(lambda b: step(b), spec))
         self.metric_variables = [v for metric in module._metric_objects.get(step.prefix, {}).values()
                                  for v in metric.variables]
         self._compiled = jax.jit(self._step)
@@ -272,7 +274,7 @@ class _EvalRunner(Runner):
         mapping = [*zip(self.variables, values, strict=True), *zip(self.metric_variables, metric_values, strict=True)]
         with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope, traced_batch_index(index):
             outputs = self.step(batch)
-            metrics = [_current(scope, v, old) for v, old in zip(self.metric_variables, metric_values, strict=True)]
+            metrics = current_values(scope, self.metric_variables, metric_values)
         return metrics, jnp.stack([jnp.asarray(outputs[key], jnp.float32) for key in self.keys])
 
     def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0) -> dict[str, np.ndarray]:
@@ -289,11 +291,6 @@ class _EvalRunner(Runner):
         if not rows:
             return {key: np.zeros((0,), np.float32) for key in self.keys}
         return dict(zip(self.keys, np.stack(rows).T, strict=True))
-
-
-def _current(scope: Any, variable: Any, old: Any) -> Any:
-    value = scope.get_current_value(variable)
-    return old if value is None else value
 
 
 def _capability(device: Any) -> tuple[int, int]:

@@ -39,7 +39,7 @@ from ktrainer.step_outputs import (
     with_model_losses,
 )
 
-__all__ = ["JaxTrainStep", "stateless_values"]
+__all__ = ["JaxTrainStep", "stateless_values", "current_values"]
 
 
 def stateless_values(variables: Sequence[Any]) -> list[Any]:
@@ -77,9 +77,19 @@ class JaxTrainStep:
         self.clip = gradient_clip_val
         self.accumulate = accumulate_grad_batches
         self.rules: list[Any] = []
-        self.big: tuple | None = None  # the live state, or None: read it from the variables at the next call
+        self.big = None
         self.keys: list[str] = []
         self.batch_spec: Any = None
+
+    @property
+    def big(self) -> tuple | None:
+        """The live big state, or None: the next call reads it from the variables."""
+        return self._big
+
+    @big.setter
+    def big(self, state: tuple | None) -> None:
+        self._big = state
+        self.written = False  # True once `write_big` put this state into the variables
 
     # ----- set-up ------------------------------------------------------------------------------
 
@@ -144,8 +154,9 @@ class JaxTrainStep:
 
     def write_big(self) -> None:
         """Assign the live big state to the variables (the next call donates it again: sync before reads)."""
-        if self.big is None:
+        if self.big is None or self.written:
             return
+        self.written = True
         for group, values in zip(self._big_variables(), self.big, strict=True):
             for variable, value in zip(group, values, strict=True):
                 variable.assign(value)
@@ -164,10 +175,8 @@ class JaxTrainStep:
                        *zip(self.metric_variables, metric_values, strict=True)]
             with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
                 logs, loss = self.forward(batch, index)
-                new_non_trainable = [_current(scope, v, old) for v, old in zip(self.non_trainable, non_trainable,
-                                                                               strict=True)]
-                new_metrics = [_current(scope, v, old) for v, old in zip(self.metric_variables, metric_values,
-                                                                         strict=True)]
+                new_non_trainable = current_values(scope, self.non_trainable, non_trainable)
+                new_metrics = current_values(scope, self.metric_variables, metric_values)
             scaled = self.loss_scale.scale(keras.ops.cast(loss, "float32"), scale)
             return scaled, (logs, new_non_trainable, new_metrics)
 
@@ -282,9 +291,10 @@ class JaxTrainStep:
         self.big = None
 
 
-def _current(scope: Any, variable: Any, old: Any) -> Any:
-    value = scope.get_current_value(variable)
-    return old if value is None else value
+def current_values(scope: Any, variables: Sequence[Any], given: Sequence[Any]) -> list[Any]:
+    """What a `keras.StatelessScope` holds for each variable after the hooks ran: assigned, or as given."""
+    values = [scope.get_current_value(variable) for variable in variables]
+    return [old if value is None else value for value, old in zip(values, given, strict=True)]
 
 
 def _where(condition: Any, new: Sequence[Any], old: Sequence[Any]) -> list[Any]:
