@@ -134,7 +134,9 @@ class BatchSource:
         return self.epoch(0).element_spec
 
     def first_batch(self) -> Any:
-        """The first global batch, as numpy arrays (without shuffling)."""
+        """The first global batch, as numpy arrays (without shuffling, and without copying numpy data)."""
+        if self._arrays is not None:
+            return next(_slices(self._arrays, self.global_batch_size, drop_remainder=False))
         return next(self.numpy_batches(0))
 
     def epoch(self, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Any:
