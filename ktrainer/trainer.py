@@ -466,7 +466,7 @@ class Trainer:
             if resumed is not None:
                 self._resume(resumed)
             train_runner = self.engine.train_runner(train_step, keys)
-            val_runner = self._eval_runner(module, val, "validation_step", "val") if val else None
+            val_runner = self.engine.eval_runner(module, val, "validation_step", "val") if val else None
             self._val_batches = batches_per_epoch(val, self.limit_val_batches) if val else None
             if self.is_global_zero:
                 log.info(fit_summary(self, module, train, val, resumed))
@@ -755,7 +755,7 @@ class Trainer:
                                   training=False, required=True)
             self._build(module, with_optimizer=False)
             limit = self.limit_val_batches if prefix == "val" else None
-            runner = self._eval_runner(module, source, hook, prefix)  # a subclassed model is built by now
+            runner = self.engine.eval_runner(module, source, hook, prefix)  # a subclassed model is built by now
             if ckpt_path:
                 self._load_model_weights(module, ckpt_path)
             self._call(f"on_{kind}_start", module)
@@ -773,9 +773,6 @@ class Trainer:
         refuse_mismatches(mismatches("model", resumed.state["model"], module.model.variables), "this model")
         assign_all(resumed.state["model"], module.model.variables)
         log.info("Evaluating the weights of %s (step %d).", resumed.info.url, resumed.state["progress"]["global_step"])
-
-    def _eval_runner(self, module: Module, source: BatchSource, hook: str, prefix: str) -> Any:
-        return self.engine.eval_runner(module, source, hook, prefix)
 
     def _run_eval(self, module: Module, source: BatchSource, runner: Any,
                   num_batches: int | None, stage: str, *, preemptible: bool = False) -> dict[str, float]:
