@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 import keras
 
+from ktrainer.backends.device_list import requested_indices
 from ktrainer.errors import check_choice, check_int
 
 __all__ = ["JaxDevicePlan", "plan_devices", "COORDINATOR", "NUM_PROCESSES", "PROCESS_ID"]
@@ -79,7 +79,8 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
         raise ValueError(f"strategy={strategy!r}: on the JAX backend the strategy is one of {STRATEGIES}; a "
                          "tf.distribute.Strategy object needs KERAS_BACKEND=tensorflow.")
     check_choice("strategy", strategy, STRATEGIES)
-    count = _requested_count(devices)
+    requested = requested_indices(devices)  # checked before JAX starts
+    count = None if requested is None else max(requested) + 1
     if num_nodes > 1 or strategy == "multi_worker":
         _join_processes(num_nodes)
     elif count is not None and count > 1 and accelerator in ("auto", "cpu"):
@@ -91,7 +92,7 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
         raise ValueError(f"accelerator={accelerator!r}, but JAX runs on {platform!r} ({jax.devices()}). Install "
                          f"jax with {accelerator} support, or use accelerator='auto'.")
     local = jax.local_devices(backend=accelerator)
-    indices = _device_indices(devices, accelerator, len(local))
+    indices = _device_indices(requested, devices, accelerator, len(local))
     if strategy == "one_device" and len(indices) > 1:
         raise ValueError(f"strategy='one_device' conflicts with devices={devices!r} ({len(indices)} devices). "
                          "Use strategy='data_parallel' (or 'auto'), or devices=1.")
@@ -100,29 +101,10 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
                          max(num_nodes, jax.process_count()))
 
 
-def _requested_count(devices: Any) -> int | None:
-    if isinstance(devices, int) and not isinstance(devices, bool):
-        return devices
-    if isinstance(devices, Sequence) and not isinstance(devices, str) and devices:
-        return max(int(i) for i in devices if isinstance(i, int)) + 1
-    return None
-
-
-def _device_indices(devices: Any, accelerator: str, visible: int) -> list[int]:
-    if devices == "auto":
+def _device_indices(requested: list[int] | None, devices: Any, accelerator: str, visible: int) -> list[int]:
+    if requested is None:
         return list(range(visible)) if accelerator != "cpu" else [0]
-    if isinstance(devices, Sequence) and not isinstance(devices, str):
-        indices = list(devices)
-        if not indices or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
-            raise ValueError(f"devices={devices!r}: a list of devices must hold indices >= 0, e.g. [0, 1].")
-        if len(set(indices)) != len(indices):
-            raise ValueError(f"devices={devices!r} repeats an index; list each device once.")
-    elif isinstance(devices, int) and not isinstance(devices, bool):
-        if devices < 1:
-            raise ValueError(f"devices={devices} must be >= 1 (or 'auto', or a list of indices).")
-        indices = list(range(devices))
-    else:
-        raise ValueError(f"devices must be 'auto', an int >= 1 or a list of indices, got {devices!r}.")
+    indices = requested
     if max(indices) >= visible:
         raise ValueError(f"devices={devices!r} asks for {accelerator} index {max(indices)}, but JAX sees {visible} "
                          f"{accelerator} device(s) in this process (indices 0..{visible - 1}).")

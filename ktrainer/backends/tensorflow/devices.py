@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
 
+from ktrainer.backends.device_list import requested_indices
 from ktrainer.errors import check_choice, check_int
 
 __all__ = ["DevicePlan", "plan_devices"]
@@ -150,20 +150,9 @@ def _cluster_tasks() -> list:
 
 def _device_indices(devices: Any, accelerator: str, gpu_count: int) -> list[int]:
     visible = gpu_count if accelerator == "gpu" else None
-    if devices == "auto":
+    indices = requested_indices(devices)
+    if indices is None:
         return list(range(gpu_count)) if accelerator == "gpu" else [0]
-    if isinstance(devices, Sequence) and not isinstance(devices, str):
-        indices = list(devices)
-        if not indices or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in indices):
-            raise ValueError(f"devices={devices!r}: a list of devices must hold indices >= 0, e.g. [0, 1].")
-        if len(set(indices)) != len(indices):
-            raise ValueError(f"devices={devices!r} repeats an index; list each device once.")
-    elif isinstance(devices, int) and not isinstance(devices, bool):
-        if devices < 1:
-            raise ValueError(f"devices={devices} must be >= 1 (or 'auto', or a list of indices).")
-        indices = list(range(devices))
-    else:
-        raise ValueError(f"devices must be 'auto', an int >= 1 or a list of indices, got {devices!r}.")
     if visible is not None and max(indices) >= visible:
         raise ValueError(f"devices={devices!r} asks for GPU index {max(indices)}, but only {visible} GPU(s) are "
                          f"visible (indices 0..{visible - 1}). Check CUDA_VISIBLE_DEVICES.")
