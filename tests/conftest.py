@@ -9,6 +9,37 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
+ON_JAX = os.environ["KERAS_BACKEND"] == "jax"
+if ON_JAX:  # the logical devices the multi-device tests ask for, before JAX starts (as TensorFlow's are)
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", 4)
+
+
+def pytest_collection_modifyitems(config, items):
+    """On TensorFlow, start the JAX session beside this one and check its results last; on JAX (that session),
+    run only the promises both engines keep. tests/backends/jax_session.py says more."""
+    if ON_JAX:
+        kept = [item for item in items
+                if item.get_closest_marker("both_backends") and not item.get_closest_marker("tensorflow_only")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = kept
+        return
+    on_jax = [item for item in items if item.path.name == "test_shared_on_jax.py"]
+    if on_jax:
+        from tests.backends.jax_session import STASH, JaxSession
+
+        items[:] = [item for item in items if item not in on_jax] + on_jax
+        config.stash[STASH] = JaxSession()
+
+
+def pytest_unconfigure(config):
+    """Stop a JAX session still running (the TensorFlow session ended early) and remove its files."""
+    from tests.backends.jax_session import STASH
+
+    if STASH in config.stash:
+        config.stash[STASH].close()
+
 
 @pytest.fixture(autouse=True)
 def _run_in_a_temporary_folder(tmp_path, monkeypatch):

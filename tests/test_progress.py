@@ -9,6 +9,8 @@ import pytest
 
 from ktrainer.progress import Progress, RunningSums, draw_seed
 
+pytestmark = pytest.mark.both_backends
+
 
 def mid_epoch() -> Progress:
     progress = Progress(global_step=1234, epoch=2, batch_in_epoch=34, skipped_steps=3, shuffle_seed=987)

@@ -48,6 +48,7 @@ class LearningRateMonitor(Callback):
             self._log(trainer)
 
     def _log(self, trainer: Any) -> None:
+        trainer.engine.sync()  # on JAX the optimizer's variables are stale while its state is live
         rates, seen = {}, {}
         for optimizer in trainer.optimizers:
             inner = getattr(optimizer, "inner_optimizer", optimizer)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 import ktrainer as kt
 from tests.helpers import Classifier
+
+pytestmark = pytest.mark.both_backends
 
 
 class Order(kt.callbacks.Callback):

@@ -8,6 +8,8 @@ import pytest
 import ktrainer as kt
 from tests.helpers import Classifier
 
+pytestmark = pytest.mark.both_backends
+
 
 class FrozenValidation(Classifier):
     """Validation loss that never improves after the first epoch."""

@@ -12,6 +12,8 @@ import pytest
 import ktrainer as kt
 from tests.helpers import Classifier, read_scalars
 
+pytestmark = pytest.mark.both_backends
+
 
 def trainer(root, *callbacks, **kwargs):
     kwargs.setdefault("logger", False)

@@ -8,6 +8,8 @@ import pytest
 import ktrainer as kt
 from tests.helpers import Classifier, read_scalars
 
+pytestmark = pytest.mark.both_backends
+
 
 class Scheduled(Classifier):
     def configure_optimizers(self):

@@ -20,6 +20,8 @@ from ktrainer.fs import Location
 from tests.checkpoint.test_resume import RUNNER, N, assert_same_run, inline, leg
 from tests.helpers import Classifier, read_scalars
 
+pytestmark = pytest.mark.both_backends
+
 
 class Lines:
     """The lines a child process prints, read in a thread, so a test can wait for one with a deadline."""

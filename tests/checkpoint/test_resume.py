@@ -17,6 +17,8 @@ import pytest
 
 from tests.checkpoint.resume_run import train
 
+pytestmark = pytest.mark.both_backends
+
 RUNNER = Path(__file__).with_name("resume_run.py")
 N = 12  # 5 batches per epoch: steps 5 and 10 end epochs
 

@@ -8,6 +8,8 @@ from ktrainer.checkpoint.format import checkpoint_name
 from ktrainer.checkpoint.retention import Entry, Retention
 from ktrainer.checkpoint.retention import to_delete as _to_delete
 
+pytestmark = pytest.mark.both_backends
+
 ME = "ModelCheckpoint{'dirpath': 'runs'}"
 OTHER = "ModelCheckpoint{'dirpath': 'other'}"
 RUN, PARENT, STRANGER = "aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"

@@ -15,6 +15,8 @@ from ktrainer.cli.main import main
 from ktrainer.fs import Location
 from tests.helpers import Classifier
 
+pytestmark = pytest.mark.both_backends
+
 
 class Shifted(Classifier):
     """The same model on other data: a different run's weights."""

@@ -14,6 +14,8 @@ from ktrainer.checkpoint.format import is_own_file, run_id_of_file
 from ktrainer.checkpoint.snapshot import freeze, from_files, is_array, to_files
 from ktrainer.checkpoint.tensors import TensorFile, dtype_from_name, read_tensors
 
+pytestmark = pytest.mark.both_backends
+
 RUN = "0123456789ab"
 SAVE = f"{RUN}-7"
 

@@ -10,6 +10,8 @@ import pytest
 import ktrainer as kt
 from tests.helpers import Classifier
 
+pytestmark = pytest.mark.both_backends
+
 
 def test_metrics_csv_and_hparams_json(tmp_path):
     trainer = kt.Trainer(max_epochs=2, batch_size=32, log_every_n_steps=4, default_root_dir=str(tmp_path),

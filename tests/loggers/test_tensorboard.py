@@ -13,6 +13,8 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 import ktrainer as kt
 from tests.helpers import Classifier, read_hparams, read_scalars
 
+pytestmark = pytest.mark.both_backends
+
 SESSION_START = "_hparams_/session_start_info"
 
 

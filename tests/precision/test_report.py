@@ -10,6 +10,8 @@ import pytest
 import ktrainer as kt
 from tests.helpers import Classifier
 
+pytestmark = pytest.mark.both_backends
+
 
 class RecordsPolicy(Classifier):
     def build(self):

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ktrainer.backends.engine import Engine, Runner
-from ktrainer.backends.jax.train_step import JaxTrainStep, current_values, stateless_values
+from ktrainer.backends.jax.train_step import JaxTrainStep, current_values, stateless_values, tracing_scope
 from ktrainer.hooks import call_step_hook, traced_batch_index
 from ktrainer.precision.advice import Accelerators
 from ktrainer.step_outputs import STOP, EvalStep
@@ -126,7 +126,7 @@ class JaxEngine(Engine):
         """Trace the step abstractly on the first batch's shapes (this builds a subclassed model and finds what
         it logs), then build the optimizer and the state."""
         step.batch_spec = shape_spec(source.first_batch())
-        with self.scope(), keras.StatelessScope():
+        with self.scope(), tracing_scope(step.module):
             logs = jax.eval_shape(lambda b: step.forward(b)[0], step.batch_spec)
         with self.scope():
             step.build()
@@ -263,7 +263,7 @@ class _EvalRunner(Runner):
         model = module.model
         spec = shape_spec(source.first_batch())
         # Traced abstractly once: this builds a subclassed model evaluated before training, and gives the keys.
-        with engine.scope(), keras.StatelessScope():
+        with engine.scope(), tracing_scope(module):
             self.keys = list(jax.eval_shape(step, spec))
         self.variables = list(model.trainable_variables) + list(model.non_trainable_variables)
         self.metric_variables = [v for metric in module._metric_objects.get(step.prefix, {}).values()

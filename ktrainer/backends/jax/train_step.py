@@ -7,7 +7,8 @@ state): the same way Keras's own JAX trainer runs `train_step`. The state is two
 
 - `big`: trainable, non-trainable, optimizer and accumulation values; donated to each call, so the
   step updates them in place. While it is live the Keras variables are stale: `JaxEngine.sync`
-  writes it back before anything reads them.
+  hands it back to them before anything reads them, and the next call takes it from them again,
+  so what a callback assigns in between (a learning rate, restored weights) is what trains on.
 - `small`: the loss scale and the training metrics' values; not donated, written back to the
   variables after every call (they are a few scalars), so metric results and the scale are current.
 
@@ -47,6 +48,16 @@ def stateless_values(variables: Sequence[Any]) -> list[Any]:
     return [variable.value for variable in variables]
 
 
+def tracing_scope(module: Any) -> keras.StatelessScope:
+    """A stateless scope for tracing the module's hooks abstractly (`jax.eval_shape`) as the step runs them:
+    nothing they assign reaches a variable, the model's variables map to their values (a weight regularizer
+    asks the scope), and `add_loss` terms are collected."""
+    model = module.model
+    variables = list(model.variables) if model is not None else []
+    mapping = list(zip(variables, stateless_values(variables), strict=True))
+    return keras.StatelessScope(state_mapping=mapping, collect_losses=True)  # `add_loss` terms, as in the step
+
+
 class JaxTrainStep:
     """One optimizer step (or one accumulated batch) as a pure function, and the state it carries.
 
@@ -77,19 +88,9 @@ class JaxTrainStep:
         self.clip = gradient_clip_val
         self.accumulate = accumulate_grad_batches
         self.rules: list[Any] = []
-        self.big = None
+        self.big: tuple | None = None  # the live donated state; None while the variables hold it
         self.keys: list[str] = []
         self.batch_spec: Any = None
-
-    @property
-    def big(self) -> tuple | None:
-        """The live big state, or None: the next call reads it from the variables."""
-        return self._big
-
-    @big.setter
-    def big(self, state: tuple | None) -> None:
-        self._big = state
-        self.written = False  # True once `write_big` put this state into the variables
 
     # ----- set-up ------------------------------------------------------------------------------
 
@@ -153,13 +154,13 @@ class JaxTrainStep:
                 variable.assign(value)
 
     def write_big(self) -> None:
-        """Assign the live big state to the variables (the next call donates it again: sync before reads)."""
-        if self.big is None or self.written:
+        """Hand the live big state to the variables; the next call reads it from them (and donates it again)."""
+        if self.big is None:  # the variables already hold it
             return
-        self.written = True
         for group, values in zip(self._big_variables(), self.big, strict=True):
             for variable, value in zip(group, values, strict=True):
                 variable.assign(value)
+        self.big = None
 
     # ----- the pure step -----------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """Run a script on the JAX backend in a process whose import system refuses TensorFlow.
 
     python no_tensorflow.py SCRIPT [ARGS...]
+    python no_tensorflow.py -m MODULE [ARGS...]     (e.g. -m pytest)
 
 Any import of `tensorflow` (by ktrainer, Keras or a library) raises ModuleNotFoundError, as in an
 environment where TensorFlow is not installed: the script passing proves the JAX path needs none.
@@ -30,6 +31,9 @@ class RefuseTensorFlow(importlib.abc.MetaPathFinder):
 if __name__ == "__main__":
     sys.meta_path.insert(0, RefuseTensorFlow())
     os.environ["KERAS_BACKEND"] = "jax"
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    runpy.run_path(script, run_name="__main__")
+    if sys.argv[1] == "-m":
+        sys.argv = sys.argv[2:]
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = sys.argv[1:]
+        runpy.run_path(sys.argv[0], run_name="__main__")
