@@ -1,5 +1,5 @@
 """Calling the Module's step hooks as Lightning users write them: `(batch)` or `(batch, batch_idx)`, returning
-a loss or a dict with a "loss" key.
+a loss or a dict with a "loss" key; and what both engines' manual optimization shares.
 
 `batch_idx` is the batch's index within the epoch (or the evaluation run), a tensor inside the compiled
 step: each backend's compiled step marks the index of the step it traces with `traced_batch_index`.
@@ -8,13 +8,14 @@ step: each backend's compiled step marks the index of the step it traces with `t
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import keras
 
-__all__ = ["call_step_hook", "traced_batch_index", "loss_from_return", "takes_batch_idx"]
+__all__ = ["call_step_hook", "traced_batch_index", "loss_from_return", "takes_batch_idx", "wrapped_optimizer",
+           "NO_UPDATE"]
 
 _shared = {"index": None}  # MirroredStrategy traces each replica's step in a thread of its own
 
@@ -77,3 +78,20 @@ def _is_scalar(value: Any) -> bool:
 def _zero_index() -> Any:
     # int64 as TensorFlow's compiled steps count; JAX has 64-bit integers only with jax_enable_x64.
     return keras.ops.convert_to_tensor(0, "int64" if keras.config.backend() == "tensorflow" else "int32")
+
+
+NO_UPDATE = ("training_step made no update: with automatic_optimization = False, call "
+             "self.manual_step(loss_fn, optimizer, variables) in it for each update.")
+
+
+def wrapped_optimizer(optimizer: Any, configured: Sequence[Any], wrapped: Sequence[Any]) -> Any:
+    """The precision-wrapped optimizer of one that `manual_step` was given (the user's own, or already wrapped).
+
+    Raises:
+        ValueError: For an optimizer that configure_optimizers() did not return.
+    """
+    for user, ours in zip(configured, wrapped, strict=True):
+        if optimizer is user or optimizer is ours:
+            return ours
+    raise ValueError("self.manual_step(...) got an optimizer that configure_optimizers() did not return: pass one "
+                     "of self.optimizers().")

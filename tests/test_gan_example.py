@@ -1,5 +1,5 @@
 """examples/gan.py trains exactly as the keras.io example's own train_step under model.fit, and under '16-mixed'
-without a skipped step after warm-up; manual optimization refuses what cannot work."""
+without a skipped step after warm-up (manual optimization on both engines: tests/test_manual_optimization.py)."""
 
 from __future__ import annotations
 
@@ -113,43 +113,3 @@ def test_the_gan_trains_under_16_mixed_without_a_skipped_step_after_warm_up():
     assert all(np.isfinite(losses.d)) and all(np.isfinite(losses.g))
     scales = {int(np.log2(trainer.optimizers[i].dynamic_scale.numpy())) for i in (0, 1)}
     assert len(trainer.optimizers) == 2 and all(s > 0 for s in scales)  # each optimizer has its own loss scale
-
-
-class TwoOptimizersAutomatic(kt.Module):
-    def build(self):
-        return keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-
-    def configure_optimizers(self):
-        return [keras.optimizers.SGD(0.1), keras.optimizers.SGD(0.1)]
-
-    def training_step(self, batch):
-        return keras.ops.mean(self.model(batch[0]))
-
-
-def fit_one_step(module: kt.Module) -> None:
-    data = (np.zeros((8, 2), np.float32), np.zeros(8, np.float32))
-    kt.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_checkpointing=False).fit(
-        module, train_data=data)
-
-
-def test_several_optimizers_need_manual_optimization_and_say_so():
-    with pytest.raises(TypeError, match="returned 2 optimizers.*automatic_optimization = False.*self.manual_step"):
-        fit_one_step(TwoOptimizersAutomatic())
-
-
-class ForgetsToUpdate(TwoOptimizersAutomatic):
-    automatic_optimization = False
-
-    def training_step(self, batch):
-        return keras.ops.mean(self.model(batch[0]))
-
-
-def test_manual_optimization_without_any_update_is_an_error():
-    with pytest.raises(ValueError, match="training_step made no update.*self.manual_step"):
-        fit_one_step(ForgetsToUpdate())
-
-
-def test_manual_step_outside_manual_optimization_says_how_to_turn_it_on():
-    module = TwoOptimizersAutomatic()
-    with pytest.raises(RuntimeError, match="set automatic_optimization = False in TwoOptimizersAutomatic"):
-        module.manual_step(lambda: 0.0, None)

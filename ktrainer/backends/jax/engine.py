@@ -116,8 +116,8 @@ class JaxEngine(Engine):
 
     def train_step(self, module: Any, optimizers: list, configured: list, precision: Any, *,
                    gradient_clip_val: float | None, accumulate_grad_batches: int) -> JaxTrainStep:
-        """A `JaxTrainStep` of the (one) optimizer."""
-        self._step = JaxTrainStep(module, optimizers[0], precision, gradient_clip_val=gradient_clip_val,
+        """A `JaxTrainStep`: the one optimizer's update, or (manual optimization) each `manual_step`'s."""
+        self._step = JaxTrainStep(module, optimizers, configured, precision, gradient_clip_val=gradient_clip_val,
                                   accumulate_grad_batches=accumulate_grad_batches)
         self._stop_requested = False
         return self._step

@@ -5,30 +5,38 @@ The user's stateful hooks (`self.model(x, training=True)`, `self.log`, keras.ops
 was given and records what the hooks assign (BatchNorm statistics, dropout seed state, metric
 state): the same way Keras's own JAX trainer runs `train_step`. The state is two tuples:
 
-- `big`: trainable, non-trainable, optimizer and accumulation values; donated to each call, so the
+- `big`: trainable, non-trainable, optimizer and accumulation values (the last two per update rule,
+  see update_rule.py); donated to each call, so the
   step updates them in place. While it is live the Keras variables are stale: `JaxEngine.sync`
   hands it back to them before anything reads them, and the next call takes it from them again,
   so what a callback assigns in between (a learning rate, restored weights) is what trains on.
-- `small`: the loss scale and the training metrics' values; not donated, written back to the
+- `small`: the loss scales (per rule) and the training metrics' values; not donated, written back to the
   variables after every call (they are a few scalars), so metric results and the scale are current.
 
 Precision is the precision plugin's loss-scale object (`DynamicLossScale` or `NoLossScale`): the
 step scales, unscales, checks finiteness and moves the scale through it, with no precision branch.
+
+Manual optimization (`automatic_optimization = False`): `training_step` runs in one stateless scope
+over the whole state, and each `self.manual_step(loss_fn, optimizer, variables)` differentiates
+`loss_fn` with `jax.grad` in a scope of its own over the values current at that point, updates
+through its rule and writes the new values back into the outer scope: a GAN's generator update
+sees the discriminator its own step just updated, as on TensorFlow. Each optimizer updates one list
+of variables per step (a Keras optimizer's stateless update takes all the variables it was built on).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from types import SimpleNamespace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import keras
 
-from ktrainer.hooks import call_step_hook, loss_from_return, traced_batch_index
+from ktrainer.backends.jax.update_rule import JaxUpdateRule
+from ktrainer.hooks import NO_UPDATE, call_step_hook, loss_from_return, traced_batch_index, wrapped_optimizer
 from ktrainer.module import LogOptions
-from ktrainer.precision.loss_scale import all_finite
 from ktrainer.step_outputs import (
     APPLIED,
     BATCH_SIZE,
@@ -58,237 +66,303 @@ def tracing_scope(module: Any) -> keras.StatelessScope:
     return keras.StatelessScope(state_mapping=mapping, collect_losses=True)  # `add_loss` terms, as in the step
 
 
+@dataclass
+class _Live:
+    """The state inside one traced step (lists, so an update can replace entries)."""
+
+    trainable: list
+    non_trainable: list
+    optimizers: list
+    accumulation: list
+    scales: list
+    metrics: list
+    scope: Any = None
+    flags: list = field(default_factory=list)  # (due, skipped) of each update made
+
+    @classmethod
+    def of(cls, big: tuple, small: tuple) -> _Live:
+        trainable, non_trainable, optimizers, accumulation = big
+        scales, metrics = small
+        return cls(list(trainable), list(non_trainable), [list(v) for v in optimizers],
+                   [list(v) for v in accumulation], [list(v) for v in scales], list(metrics))
+
+    def state(self) -> tuple[tuple, tuple]:
+        return (self.trainable, self.non_trainable, self.optimizers, self.accumulation), (self.scales, self.metrics)
+
+
 class JaxTrainStep:
-    """One optimizer step (or one accumulated batch) as a pure function, and the state it carries.
+    """One training step (or one accumulated batch) as a pure function, and the state it carries.
 
     Args:
         module: The user's Module (its `model` built).
-        optimizer: The optimizer as the precision plugin wrapped it.
+        optimizers: The optimizers as the precision plugin wrapped them, in `configure_optimizers` order.
+        configured: The user's own optimizer objects, in the same order (what `manual_step` is given).
         precision: The precision plugin.
         gradient_clip_val: Clip the global gradient norm to this value; None: no clipping.
         accumulate_grad_batches: Batches per optimizer update.
-
-    Raises:
-        NotImplementedError: For manual optimization, which runs on TensorFlow only so far.
     """
 
     stop_flag = None  # processes agree on stopping through the step's outputs (see JaxEngine)
 
-    def __init__(self, module: Any, optimizer: Any, precision: Any, *, gradient_clip_val: float | None,
-                 accumulate_grad_batches: int) -> None:
-        if not module.automatic_optimization:
-            raise NotImplementedError(
-                f"{type(module).__name__} uses manual optimization (automatic_optimization = False), which ktrainer "
-                "runs on the TensorFlow backend only so far. Set KERAS_BACKEND=tensorflow for it, or let the "
-                "Trainer make the update (automatic_optimization = True).")
+    def __init__(self, module: Any, optimizers: Sequence[Any], configured: Sequence[Any], precision: Any, *,
+                 gradient_clip_val: float | None, accumulate_grad_batches: int) -> None:
         self.module = module
-        self.optimizer = optimizer
-        self.inner = precision.optimizer_to_step(optimizer)
-        self.loss_scale = precision.loss_scale_of(optimizer)
+        self.optimizers = list(optimizers)
+        self.configured = list(configured)
+        self.precision = precision
         self.clip = gradient_clip_val
         self.accumulate = accumulate_grad_batches
-        self.rules: list[Any] = []
+        self.automatic = module.automatic_optimization
+        self.rules: list[JaxUpdateRule] = []
         self.big: tuple | None = None  # the live donated state; None while the variables hold it
         self.keys: list[str] = []
         self.batch_spec: Any = None
+        self._live: _Live | None = None  # set while a step is traced; None while rules are discovered
 
     # ----- set-up ------------------------------------------------------------------------------
 
     def build(self) -> None:
-        """Build the optimizer on the model's trainable variables and fix the state's variable lists."""
+        """Build each rule's optimizer and state, and fix the state's variable lists (after `forward` was traced
+        once, which shows a manual step's rules).
+
+        Raises:
+            ValueError: When one optimizer updates two lists of variables, or `training_step` made no update.
+        """
         model = self.module.model
+        if self.automatic:
+            self.rules = [JaxUpdateRule(self.optimizers[0], model.trainable_variables, self.precision, self.clip,
+                                        self.accumulate)]
+        if not self.rules:
+            raise ValueError(NO_UPDATE)
         self.trainable = list(model.trainable_variables)
+        for rule in self.rules:
+            self.trainable += [v for v in rule.variables if all(v is not known for known in self.trainable)]
+            rule.build()
+        self.positions = [[_index(self.trainable, v) for v in rule.variables] for rule in self.rules]
         self.non_trainable = list(model.non_trainable_variables)
-        self.optimizer.build(self.trainable)
-        self.optimizer_variables = list(self.inner.variables)
-        self.scale_variables = list(self.loss_scale.variables) if self.loss_scale.scaling else []
         self.metric_variables = [v for metric in self.module._metric_objects.get("train", {}).values()
                                  for v in metric.variables]
-        self.sums: list[Any] = []
-        self.count: Any = None
-        if self.accumulate > 1:
-            self.sums = [keras.Variable(keras.ops.zeros(v.shape, "float32"), trainable=False, name="accumulated")
-                         for v in self.trainable]
-            self.count = keras.Variable(0, dtype="int32", trainable=False, name="accumulated_batches")
-        self.rules = [SimpleNamespace(optimizer=self.optimizer, variables=self.trainable)]
 
     def output_keys(self, logged: Sequence[str]) -> list[str]:
         """The step's outputs, in order: what the module logs, the loss scale, and the bookkeeping."""
         scale = []
-        if self.loss_scale.scaling:
+        if self.rules and self.rules[0].loss_scale.scaling:
             scale = [LOSS_SCALE]
             self.module._log_options[LOSS_SCALE] = LogOptions(on_step=True, on_epoch=False, prog_bar=True)
         return [*logged, *scale, BATCH_SIZE, APPLIED, SKIPPED]
 
     def forward(self, batch: Any, index: Any = None) -> tuple[dict[str, Any], Any]:
-        """The module's `training_step` on one batch: (its logs, the loss), inside the caller's scope."""
+        """The module's `training_step` on one batch: (its logs, the loss), inside the caller's scope. With
+        manual optimization its `manual_step` calls make the updates (or, outside a step, name the rules)."""
         module = self.module
         module._stage = "train"
         module._take_logged()
-        with traced_batch_index(index):
-            returned = loss_from_return(module, call_step_hook(module, "training_step", batch), "training_step",
-                                        "train")
-        loss = with_model_losses(module, check_loss(returned, "training_step"), "train")
-        module.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
+        module._manual = self
+        try:
+            with traced_batch_index(index):
+                returned = loss_from_return(module, call_step_hook(module, "training_step", batch), "training_step",
+                                            "train")
+        finally:
+            module._manual = None
+        if self.automatic:
+            loss = with_model_losses(module, check_loss(returned, "training_step"), "train")
+        else:
+            loss = None if returned is None else check_loss(returned, "training_step")
+        if loss is not None:
+            module.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         return scalar_logs(module._take_logged(), "training_step"), loss
 
     # ----- the state ---------------------------------------------------------------------------
 
     def _big_variables(self) -> tuple[list, ...]:
-        accumulation = [*self.sums, self.count] if self.count is not None else []
-        return self.trainable, self.non_trainable, self.optimizer_variables, accumulation
+        return (self.trainable, self.non_trainable, [r.optimizer_variables for r in self.rules],
+                [r.accumulation_variables for r in self.rules])
 
     def _small_variables(self) -> tuple[list, ...]:
-        return self.scale_variables, self.metric_variables
+        return [r.scale_variables for r in self.rules], self.metric_variables
 
     def read_state(self) -> tuple[tuple, tuple]:
         """(big, small): the live big state (read from the variables when there is none), the small one."""
         if self.big is None:
-            self.big = tuple(stateless_values(group) for group in self._big_variables())
-        return self.big, tuple(stateless_values(group) for group in self._small_variables())
+            self.big = _map(stateless_values, self._big_variables())
+        return self.big, _map(stateless_values, self._small_variables())
 
     def write_small(self, small: tuple) -> None:
-        """Assign the loss scale and metric values to their variables."""
-        for group, values in zip(self._small_variables(), small, strict=True):
-            for variable, value in zip(group, values, strict=True):
-                variable.assign(value)
+        """Assign the loss scales and metric values to their variables."""
+        _assign(self._small_variables(), small)
 
     def write_big(self) -> None:
         """Hand the live big state to the variables; the next call reads it from them (and donates it again)."""
         if self.big is None:  # the variables already hold it
             return
-        for group, values in zip(self._big_variables(), self.big, strict=True):
-            for variable, value in zip(group, values, strict=True):
-                variable.assign(value)
+        _assign(self._big_variables(), self.big)
         self.big = None
 
     # ----- the pure step -----------------------------------------------------------------------
 
     def __call__(self, big: tuple, small: tuple, batch: Any, index: Any) -> tuple[tuple, tuple, Any]:
         """One step as a pure function: (big, small, batch, index) -> (big, small, outputs vector)."""
-        trainable, non_trainable, optimizer_values, accumulation = big
-        scale_values, metric_values = small
-        scale = scale_values[0] if scale_values else None
+        live = _Live.of(big, small)
+        logs = self._automatic(live, batch, index) if self.automatic else self._manual(live, batch, index)
+        outputs = {**logs}
+        if self.rules[0].loss_scale.scaling:
+            outputs[LOSS_SCALE] = jnp.asarray(live.scales[0][0], jnp.float32)
+        outputs[BATCH_SIZE] = batch_size_of(batch)
+        outputs[APPLIED] = jnp.max(jnp.stack([due for due, _ in live.flags])).astype(jnp.float32)
+        outputs[SKIPPED] = jnp.max(jnp.stack([skipped for _, skipped in live.flags])).astype(jnp.float32)
+        vector = jnp.stack([jnp.asarray(outputs[key], jnp.float32) for key in self.keys])
+        return *live.state(), vector
+
+    def _mapping(self, live: _Live) -> list[tuple[Any, Any]]:
+        return [*zip(self.trainable, live.trainable, strict=True),
+                *zip(self.non_trainable, live.non_trainable, strict=True),
+                *zip(self.metric_variables, live.metrics, strict=True)]
+
+    def _automatic(self, live: _Live, batch: Any, index: Any) -> dict[str, Any]:
+        rule = self.rules[0]
+        scale = live.scales[0][0] if rule.loss_scale.scaling else None
 
         def scaled_loss(trainable_values: list) -> tuple[Any, tuple]:
-            mapping = [*zip(self.trainable, trainable_values, strict=True),
-                       *zip(self.non_trainable, non_trainable, strict=True),
-                       *zip(self.metric_variables, metric_values, strict=True)]
-            with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+            live.trainable = trainable_values
+            with keras.StatelessScope(state_mapping=self._mapping(live), collect_losses=True) as scope:
                 logs, loss = self.forward(batch, index)
-                new_non_trainable = current_values(scope, self.non_trainable, non_trainable)
-                new_metrics = current_values(scope, self.metric_variables, metric_values)
-            scaled = self.loss_scale.scale(keras.ops.cast(loss, "float32"), scale)
-            return scaled, (logs, new_non_trainable, new_metrics)
+                non_trainable = current_values(scope, self.non_trainable, live.non_trainable)
+                metrics = current_values(scope, self.metric_variables, live.metrics)
+            return rule.loss_scale.scale(keras.ops.cast(loss, "float32"), scale), (logs, non_trainable, metrics)
 
-        gradients, (logs, non_trainable, metric_values) = jax.grad(scaled_loss, has_aux=True)(list(trainable))
-        gradients = self.loss_scale.unscale(gradients, scale)
-        gradients, due, accumulation = self._accumulate(gradients, accumulation)
-        finite = all_finite(gradients)
-        gradients = self._clipped(gradients)
-        new_trainable, new_optimizer = self.inner.stateless_apply(list(optimizer_values), gradients, list(trainable))
-        apply = jnp.logical_and(due, finite) if self.loss_scale.scaling else due
-        trainable = _where(apply, new_trainable, trainable)
-        optimizer_values = _where(apply, new_optimizer, optimizer_values)
-        scale_values = self._moved_scale(scale_values, finite, due)
-        skipped = jnp.logical_and(due, jnp.logical_not(finite)) if self.loss_scale.scaling else jnp.zeros((), bool)
-        outputs = {**logs}
-        if self.loss_scale.scaling:
-            outputs[LOSS_SCALE] = jnp.asarray(scale_values[0], jnp.float32)
-        outputs[BATCH_SIZE] = batch_size_of(batch)
-        outputs[APPLIED] = due.astype(jnp.float32)
-        outputs[SKIPPED] = skipped.astype(jnp.float32)
-        vector = jnp.stack([jnp.asarray(outputs[key], jnp.float32) for key in self.keys])
-        return ((list(trainable), non_trainable, list(optimizer_values), accumulation),
-                (scale_values, metric_values), vector)
+        values = live.trainable
+        gradients, (logs, live.non_trainable, live.metrics) = jax.grad(scaled_loss, has_aux=True)(values)
+        live.trainable = values
+        self._update(live, 0, rule.loss_scale.unscale(gradients, scale))
+        return logs
 
-    def _accumulate(self, gradients: list, accumulation: list) -> tuple[list, Any, list]:
-        if self.accumulate == 1:
-            return gradients, jnp.ones((), bool), accumulation
-        *sums, count = accumulation
-        sums = [total + g.astype(total.dtype) for total, g in zip(sums, gradients, strict=True)]
-        count = count + 1
-        due = count >= self.accumulate
-        mean = [total / count.astype(total.dtype) for total in sums]
-        sums = [jnp.where(due, jnp.zeros_like(total), total) for total in sums]
-        return mean, due, [*sums, jnp.where(due, 0, count)]
+    def _manual(self, live: _Live, batch: Any, index: Any) -> dict[str, Any]:
+        with keras.StatelessScope(state_mapping=self._mapping(live), collect_losses=True) as scope:
+            live.scope, self._live = scope, live
+            try:
+                logs, _ = self.forward(batch, index)
+            finally:
+                self._live = None
+            self._read_scope(live)
+        if not live.flags:
+            raise ValueError(NO_UPDATE)
+        return logs
 
-    def _clipped(self, gradients: list) -> list:
-        if self.clip is None:
-            return gradients
-        norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in gradients))
-        factor = jnp.minimum(1.0, self.clip / jnp.maximum(norm, 1e-12))
-        return [g * factor.astype(g.dtype) for g in gradients]
+    def _read_scope(self, live: _Live) -> None:
+        live.trainable = current_values(live.scope, self.trainable, live.trainable)
+        live.non_trainable = current_values(live.scope, self.non_trainable, live.non_trainable)
+        live.metrics = current_values(live.scope, self.metric_variables, live.metrics)
 
-    def _moved_scale(self, scale_values: list, finite: Any, due: Any) -> list:
-        if not self.loss_scale.scaling:
-            return scale_values
-        scale, counter = scale_values
-        moved_scale, moved_counter = self.loss_scale.next_state(finite, scale, counter)
-        return [jnp.where(due, moved_scale, scale), jnp.where(due, moved_counter, counter)]
+    def manual_step(self, loss_fn: Callable[[], Any], optimizer: Any, variables: Sequence[Any] | None) -> Any:
+        """What `Module.manual_step` does inside `training_step` (see there)."""
+        wrapped = wrapped_optimizer(optimizer, self.configured, self.optimizers)
+        variables = list(self.module.model.trainable_variables if variables is None else variables)
+        if not variables:
+            raise ValueError("self.manual_step(...) got no variables to update.")
+        number = self._rule_number(wrapped, variables)
+        live = self._live
+        if live is None:  # the first, abstract trace: it only names the rules
+            return check_loss(loss_fn(), "self.manual_step's loss_fn")
+        rule = self.rules[number]
+        self._read_scope(live)  # what the training_step did so far (a seed generator's draws, earlier updates)
+        scale = live.scales[number][0] if rule.loss_scale.scaling else None
+        around = self._mapping(live)
+
+        def scaled_loss(values: list) -> tuple[Any, tuple]:
+            mapping = around + list(zip(rule.variables, values, strict=True))
+            with keras.StatelessScope(state_mapping=mapping, collect_losses=True) as scope:
+                loss = check_loss(loss_fn(), "self.manual_step's loss_fn")
+                non_trainable = current_values(scope, self.non_trainable, live.non_trainable)
+                metrics = current_values(scope, self.metric_variables, live.metrics)
+            return rule.loss_scale.scale(keras.ops.cast(loss, "float32"), scale), (loss, non_trainable, metrics)
+
+        values = [live.trainable[position] for position in self.positions[number]]
+        gradients, (loss, live.non_trainable, live.metrics) = jax.grad(scaled_loss, has_aux=True)(values)
+        self._update(live, number, rule.loss_scale.unscale(gradients, scale))
+        for variable, value in self._mapping(live):
+            live.scope.add_update((variable, value))
+        return loss
+
+    def _rule_number(self, optimizer: Any, variables: list) -> int:
+        for number, rule in enumerate(self.rules):
+            if rule.optimizer is optimizer:
+                if len(rule.variables) != len(variables) or any(a is not b for a, b in zip(rule.variables, variables,
+                                                                                           strict=False)):
+                    raise ValueError(
+                        "self.manual_step(...) was given one optimizer for two lists of variables; on the JAX backend "
+                        "each optimizer updates one list per step (its stateless update covers every variable it "
+                        "was built on). Give each list its own optimizer in configure_optimizers().")
+                return number
+        if self._live is not None:
+            raise ValueError("self.manual_step(...) made an update the first trace of training_step did not make: "
+                             "make the same updates at every step.")
+        self.rules.append(JaxUpdateRule(optimizer, variables, self.precision, self.clip, self.accumulate))
+        return len(self.rules) - 1
+
+    def _update(self, live: _Live, number: int, gradients: list) -> None:
+        positions = self.positions[number]
+        values = [live.trainable[position] for position in positions]
+        values, live.optimizers[number], live.accumulation[number], live.scales[number], due, skipped = \
+            self.rules[number].update(gradients, values, live.optimizers[number], live.accumulation[number],
+                                      live.scales[number])
+        for position, value in zip(positions, values, strict=True):
+            live.trainable[position] = value
+        live.flags.append((due, skipped))
 
     # ----- accumulation at epoch ends and in checkpoints -----------------------------------------
 
     def pending(self) -> int:
-        """Batches accumulated in the current partial group."""
-        if self.count is None:
+        """Batches accumulated in the current partial group (the largest over the rules)."""
+        if self.accumulate == 1:
             return 0
-        count = self.big[3][-1] if self.big is not None else self.count.value
-        return int(keras.ops.convert_to_numpy(count))
+        counts = [None] * len(self.rules) if self.big is None else [group[-1] for group in self.big[3]]
+        return max(rule.pending(count) for rule, count in zip(self.rules, counts, strict=True))
 
     def flush(self) -> tuple[bool, bool]:
         """Apply the gradients accumulated so far (at an epoch end), as the TensorFlow engine does.
 
         Returns:
-            (stepped, skipped): whether an optimizer step was taken, and whether it was skipped for
+            (stepped, skipped): whether an optimizer step was taken, and whether one was skipped for
             non-finite gradients.
         """
         if self.pending() == 0:
             return False, False
         big, small = self.read_state()
-        self.big, small, skipped = jax.jit(self._apply_partial_group, donate_argnums=0)(big, small)
+        self.big, small, skipped = jax.jit(self._flush, donate_argnums=0)(big, small)
         self.write_small(small)
         return True, bool(skipped)
 
-    def _apply_partial_group(self, big: tuple, small: tuple) -> tuple[tuple, tuple, Any]:
-        trainable, non_trainable, optimizer_values, (*sums, count) = big
-        scale_values, metric_values = small
-        gradients = [total / count.astype(total.dtype) for total in sums]
-        finite = all_finite(gradients)
-        new_trainable, new_optimizer = self.inner.stateless_apply(list(optimizer_values), self._clipped(gradients),
-                                                                  list(trainable))
-        apply = finite if self.loss_scale.scaling else jnp.ones((), bool)
-        accumulation = [*(jnp.zeros_like(total) for total in sums), jnp.zeros_like(count)]
-        big = (_where(apply, new_trainable, trainable), non_trainable, _where(apply, new_optimizer, optimizer_values),
-               accumulation)
-        skipped = jnp.logical_not(apply)
-        return big, (self._moved_scale(scale_values, finite, jnp.ones((), bool)), metric_values), skipped
+    def _flush(self, big: tuple, small: tuple) -> tuple[tuple, tuple, Any]:
+        live = _Live.of(big, small)
+        for number, rule in enumerate(self.rules):
+            positions = self.positions[number]
+            values = [live.trainable[position] for position in positions]
+            values, live.optimizers[number], live.accumulation[number], live.scales[number], _, skipped = \
+                rule.flush(values, live.optimizers[number], live.accumulation[number], live.scales[number])
+            for position, value in zip(positions, values, strict=True):
+                live.trainable[position] = value
+            live.flags.append((None, skipped))
+        return *live.state(), jnp.any(jnp.stack([skipped for _, skipped in live.flags]))
 
     def state_dict(self) -> dict[str, Any]:
-        """The partial accumulation group (empty without one)."""
+        """The partial accumulation group of each rule (empty without one), as the TensorFlow engine lays it out."""
         if self.pending() == 0:
             return {}
-        return {"00": {"count": self.count, "sums": {f"{i:05d}": total for i, total in enumerate(self.sums)}}}
+        return {f"{number:02d}": rule.state_dict() for number, rule in enumerate(self.rules)}
 
     def mismatch(self, state: dict[str, Any]) -> str:
         """Why a saved partial group does not fit this step ("" when it does, or there is none)."""
         if not state:
             return ""
-        saved = state.get("00", {})
-        if self.accumulate == 1 or len(saved.get("sums", {})) != len(self.sums):
-            return (f"The checkpoint holds a partial gradient-accumulation group; this run accumulates "
-                    f"{self.accumulate} batches over {len(self.sums)} variables. Resume with the same "
-                    "accumulate_grad_batches (and model).")
-        return ""
+        if set(state) != {f"{number:02d}" for number in range(len(self.rules))}:
+            return (f"The checkpoint holds partial gradient-accumulation groups of {len(state)} updates; this run "
+                    f"makes {len(self.rules)} per step. Resume with the same training_step and optimizers.")
+        return "".join(rule.mismatch(state[f"{number:02d}"]) for number, rule in enumerate(self.rules))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a partial group (after `mismatch` found none)."""
-        saved = state.get("00")
-        if not saved:
-            return
-        for total, value in zip(self.sums, saved["sums"].values(), strict=True):
-            total.assign(value)
-        self.count.assign(int(saved["count"]))
+        """Restore the partial groups (after `mismatch` found none)."""
+        for number, rule in enumerate(self.rules):
+            rule.load_state_dict(state.get(f"{number:02d}", {}))
         self.big = None
 
 
@@ -298,5 +372,19 @@ def current_values(scope: Any, variables: Sequence[Any], given: Sequence[Any]) -
     return [old if value is None else value for value, old in zip(values, given, strict=True)]
 
 
-def _where(condition: Any, new: Sequence[Any], old: Sequence[Any]) -> list[Any]:
-    return [jnp.where(condition, n, o) for n, o in zip(new, old, strict=True)]
+def _index(variables: Sequence[Any], variable: Any) -> int:
+    return next(number for number, known in enumerate(variables) if known is variable)
+
+
+def _map(function: Callable[[Sequence[Any]], list], groups: tuple) -> tuple:
+    """`function` of each list in `groups`, where a group is a list of variables or a list of such lists."""
+    return tuple([function(inner) for inner in group] if group and isinstance(group[0], list) else function(group)
+                 for group in groups)
+
+
+def _assign(groups: tuple, values: tuple) -> None:
+    for group, group_values in zip(groups, values, strict=True):
+        nested = group and isinstance(group[0], list)
+        for variables, each in (zip(group, group_values, strict=True) if nested else [(group, group_values)]):
+            for variable, value in zip(variables, each, strict=True):
+                variable.assign(value)

@@ -22,7 +22,7 @@ from typing import Any
 import tensorflow as tf
 
 from ktrainer.backends.tensorflow.gradients import dense, values
-from ktrainer.hooks import call_step_hook, loss_from_return
+from ktrainer.hooks import NO_UPDATE, call_step_hook, loss_from_return, wrapped_optimizer
 from ktrainer.module import LogOptions
 from ktrainer.precision.loss_scale import scale_gradient
 from ktrainer.step_outputs import (
@@ -284,8 +284,7 @@ class TrainStep:
         else:
             logs = self._run_training_step(batch, None)
         if not flags:
-            raise ValueError("training_step made no update: with automatic_optimization = False, call "
-                             "self.manual_step(loss_fn, optimizer, variables) in it for each update.")
+            raise ValueError(NO_UPDATE)
         applied = tf.reduce_max(tf.stack([a for a, _ in flags]))
         skipped = tf.reduce_max(tf.stack([s for _, s in flags]))
         stop = {STOP: self._any_worker_stops()} if self.stop_flag is not None else {}
@@ -294,7 +293,7 @@ class TrainStep:
 
     def manual_step(self, loss_fn: Callable[[], Any], optimizer: Any, variables: Sequence[Any] | None) -> tf.Tensor:
         """What `Module.manual_step` does inside `training_step` (see there)."""
-        wrapped = self._wrapped(optimizer)
+        wrapped = wrapped_optimizer(optimizer, self.configured, self.optimizers)
         variables = list(self.module.model.trainable_variables if variables is None else variables)
         if not variables:
             raise ValueError("self.manual_step(...) got no variables to update.")
@@ -304,13 +303,6 @@ class TrainStep:
         loss, gradients = rule.differentiate(loss_fn, "self.manual_step's loss_fn")
         self._replica.flags.append(rule.update(gradients))
         return loss
-
-    def _wrapped(self, optimizer: Any) -> Any:
-        for user, wrapped in zip(self.configured, self.optimizers, strict=True):
-            if optimizer is user or optimizer is wrapped:
-                return wrapped
-        raise ValueError("self.manual_step(...) got an optimizer that configure_optimizers() did not return: pass one "
-                         "of self.optimizers().")
 
     def _call_training_step(self, batch: Any) -> Any:
         return loss_from_return(self.module, call_step_hook(self.module, "training_step", batch), "training_step",
