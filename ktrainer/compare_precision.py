@@ -22,7 +22,7 @@ import numpy as np
 
 from ktrainer.backends.tensorflow.memory import peak_memory, reset_peak_memory
 from ktrainer.callbacks import Callback
-from ktrainer.errors import check_bool, check_int
+from ktrainer.checks import check_bool, check_int
 from ktrainer.fs import Location
 from ktrainer.loggers import TensorBoardLogger
 from ktrainer.module import Module

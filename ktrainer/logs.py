@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
+from typing import Any
 
-__all__ = ["LOGGER_NAME", "show_events", "configure_logging"]
+__all__ = ["LOGGER_NAME", "show_events", "configure_logging", "quietly"]
 
 LOGGER_NAME = "ktrainer"
 
@@ -47,3 +49,12 @@ def configure_logging(verbose: bool = False) -> None:
     show_events()
     for noisy in ("tensorflow", "absl", "h5py", "jax"):
         logging.getLogger(noisy).setLevel(logging.WARNING if verbose else logging.ERROR)
+
+
+def quietly(function: Any, *args: Any) -> None:
+    """Call a clean-up function on the error path without hiding the original error."""
+    try:
+        function(*args)
+    except Exception as error:  # noqa: BLE001 - the user's original error must surface unchanged
+        warnings.warn(f"{getattr(function, '__qualname__', function)} failed during clean-up: {error!r}",
+                      stacklevel=2)

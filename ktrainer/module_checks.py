@@ -7,7 +7,7 @@ from typing import Any
 
 import keras
 
-from ktrainer.errors import defines_hook
+from ktrainer.checks import defines_hook
 
 __all__ = ["check_layers_created_in_build", "warn_val_data_without_validation_step",
            "check_training_steps"]

@@ -19,22 +19,26 @@ from ktrainer.callbacks.keras_adapter import KerasCallback
 from ktrainer.checkpoint.format import checkpoint_name
 from ktrainer.checkpoint.resume import Resumable, check_ckpt_path, find_checkpoint
 from ktrainer.checkpoint.variables import assign_all, keyed, mismatches, refuse_mismatches
-from ktrainer.components import adopt_class_keys, check_checkpoint_dirs, check_global_batch, check_keys, unique_keys
-from ktrainer.data import BatchSource, batches_per_epoch, check_validation_split, split_for_validation
-from ktrainer.errors import (
+from ktrainer.checks import (
     check_bool,
     check_choice,
     check_count_or_fraction,
+    check_fast_dev_run,
     check_int,
     check_module_hooks,
     check_path,
     check_storage_options,
     defines_hook,
+    optional,
 )
+from ktrainer.components import adopt_class_keys, check_checkpoint_dirs, check_global_batch, check_keys, unique_keys
+from ktrainer.data import BatchSource, batches_per_epoch, check_validation_split, split_for_validation
+from ktrainer.defaults import default_callbacks, resolve_loggers
 from ktrainer.fs import Location
 from ktrainer.history import History
 from ktrainer.loggers import Logger
-from ktrainer.logs import show_events
+from ktrainer.logs import quietly, show_events
+from ktrainer.loop_state import TrainerState
 from ktrainer.lr_scaling import LR_SCALINGS, scale_learning_rate
 from ktrainer.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
 from ktrainer.module import Module
@@ -56,16 +60,9 @@ from ktrainer.progress import Progress, draw_seed
 from ktrainer.random_state import capture_random_state, restore_random_state
 from ktrainer.run import RunIdentity
 from ktrainer.run_summary import fit_summary, stop_line, stop_reason
-from ktrainer.state import TrainerState
+from ktrainer.schedule import Schedule
 from ktrainer.step_outputs import APPLIED, LOSS_SCALE, SKIPPED, STOP
 from ktrainer.tracing import warn_if_not_training, watch_calls
-from ktrainer.wiring import (
-    check_fast_dev_run,
-    default_callbacks,
-    optional,
-    quietly,
-    resolve_loggers,
-)
 
 __all__ = ["Trainer"]
 
@@ -207,6 +204,7 @@ class Trainer:
         check_checkpoint_dirs(self.callbacks, self.default_root_dir, self.storage_options)
 
         self.progress = Progress(shuffle_seed=self.seed if self.seed is not None else draw_seed())
+        self.schedule: Schedule | None = None  # when fit validates, logs and stops; made by fit
         self.run = RunIdentity()
         self.should_stop = False
         self.stop_reason: str | None = None  # why a callback set should_stop, for the end-of-fit line
@@ -449,6 +447,10 @@ class Trainer:
             self.estimated_training_batches = train.estimated_batches
             check_training_steps(self.num_training_batches, train.num_examples, self.batch_size,
                                  self.engine.replicas)
+            self.schedule = Schedule(
+                self.max_epochs, self.max_steps, self.num_training_batches, self.steps_per_execution,
+                self.accumulate_grad_batches, self.val_check_interval, self.check_val_every_n_epoch,
+                self.log_every_n_steps, whole_groups=self.engine.multi_process)
             val = None
             if self.limit_val_batches != 0:
                 val = self._source(val_data, module.val_data, "val_data", training=False, required=False)
@@ -602,7 +604,7 @@ class Trainer:
         sync_each_batch = self._batch_hooks_read_weights(module)
         exhausted = False
         while not self.should_stop:
-            num_steps = self._steps_in_next_execution()
+            num_steps = self.schedule.batches_in_next_execution(progress)
             if num_steps == 0:
                 break
             self._call("on_train_batch_start", module, progress.batch_in_epoch)
@@ -619,7 +621,7 @@ class Trainer:
             stepped = outputs[APPLIED].astype(bool)
             steps_after = progress.global_step + np.cumsum(stepped)
             skips_after = progress.skipped_steps + np.cumsum(outputs[SKIPPED].astype(np.int64))
-            log_at = np.flatnonzero(stepped & (steps_after % self.log_every_n_steps == 0))
+            log_at = self.schedule.log_indices(stepped, steps_after)
             running = metric_object_values(module, "train", epoch=False)  # their result after this execution
             for index in log_at:
                 progress.global_step = int(steps_after[index])
@@ -637,7 +639,7 @@ class Trainer:
                 self.engine.sync()
             self._call("on_train_batch_end", module, step_metrics, progress.batch_in_epoch - 1)
             self._check_for_preemption(outputs)
-            if val is not None and self._val_due_within_epoch():
+            if val is not None and self.schedule.validates_within_epoch(progress):
                 self._validate_in_fit(module, val, val_runner)
             if ran < num_steps:
                 exhausted = True
@@ -652,7 +654,7 @@ class Trainer:
             progress.skipped_steps += int(skipped)
         self.state.at_epoch_end = True
         self.engine.sync()
-        if val is not None and self._val_due_at_epoch_end():
+        if val is not None and self.schedule.validates_at_epoch_end(progress):
             self._validate_in_fit(module, val, val_runner)
         epoch_values = {**metrics.epoch_metrics(), **metric_object_values(module, "train", epoch=True)}
         self.log_metrics(epoch_values)
@@ -671,21 +673,8 @@ class Trainer:
         if epoch_ended:
             progress.next_epoch()
 
-    def _steps_in_next_execution(self) -> int:
-        progress = self.progress
-        steps = self.steps_per_execution
-        if self.num_training_batches is not None:
-            steps = min(steps, self.num_training_batches - progress.batch_in_epoch)
-        if self.max_steps is not None:
-            pending = progress.batch_in_epoch % self.accumulate_grad_batches
-            steps = min(steps, (self.max_steps - progress.global_step) * self.accumulate_grad_batches - pending)
-        interval = self._val_interval_batches()
-        if interval is not None:
-            steps = min(steps, interval - progress.batch_in_epoch % interval)
-        if self.engine.multi_process and self.accumulate_grad_batches > 1:
-            # Several workers: end each execution at a group boundary, where a save needs no other worker's sums.
-            steps = min(steps, self.accumulate_grad_batches - progress.batch_in_epoch % self.accumulate_grad_batches)
-        return max(steps, 0)
+    def _finished(self) -> bool:
+        return self.should_stop or self.schedule.finished(self.progress)
 
     def _check_for_preemption(self, outputs: dict[str, np.ndarray] | None = None) -> None:
         """Stop here when a preemption signal arrived.
@@ -701,35 +690,7 @@ class Trainer:
         elif outputs is not None and outputs[STOP][-1] > 0:
             raise _PreemptionRequested(received if received is not None else signal.SIGTERM)
 
-    def _finished(self) -> bool:
-        if self.should_stop:
-            return True
-        if self.max_steps is not None and self.global_step >= self.max_steps:
-            return True
-        return self.max_epochs is not None and self.current_epoch >= self.max_epochs
-
     # ----- validation -------------------------------------------------------------------
-
-    def _val_interval_batches(self) -> int | None:
-        interval = self.val_check_interval
-        if interval is None or (isinstance(interval, float) and interval == 1.0):
-            return None
-        if isinstance(interval, int):
-            return interval
-        return max(1, int(self.num_training_batches * interval))
-
-    def _val_due_within_epoch(self) -> bool:
-        interval = self._val_interval_batches()
-        batch = self.progress.batch_in_epoch
-        if interval is None or batch % interval:
-            return False
-        return self.num_training_batches is None or batch < self.num_training_batches
-
-    def _val_due_at_epoch_end(self) -> bool:
-        every = self.check_val_every_n_epoch
-        if self._val_interval_batches() is not None:
-            return True
-        return every is not None and (self.current_epoch + 1) % every == 0
 
     def _validate_in_fit(self, module: Module, val: BatchSource, runner: Any) -> None:
         """A validation run inside fit. Preempted part-way, it is marked pending, and a resumed run repeats it

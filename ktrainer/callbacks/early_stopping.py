@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ktrainer.callbacks.callback import Callback
-from ktrainer.errors import check_bool, check_choice, check_int
+from ktrainer.checks import check_bool, check_choice, check_int
 
 __all__ = ["EarlyStopping"]
 

@@ -7,7 +7,7 @@ from typing import Any
 import keras
 
 from ktrainer.callbacks.callback import Callback
-from ktrainer.errors import check_choice
+from ktrainer.checks import check_choice
 
 __all__ = ["LearningRateMonitor", "current_learning_rate"]
 

@@ -23,7 +23,7 @@ from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
 from ktrainer.checkpoint.retention import Entry, Retention, to_delete
 from ktrainer.checkpoint.snapshot import freeze, to_files
 from ktrainer.checkpoint.variables import read_value
-from ktrainer.errors import check_bool, check_choice, check_int, check_path, check_storage_options
+from ktrainer.checks import check_bool, check_choice, check_int, check_path, check_storage_options
 from ktrainer.fs import Location
 from ktrainer.run import MAX_LINEAGE
 

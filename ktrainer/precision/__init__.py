@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ktrainer.errors import check_choice
+from ktrainer.checks import check_choice
 from ktrainer.precision.base import Precision
 from ktrainer.precision.mixed import MixedPrecision, TrainingStalledError
 from ktrainer.precision.report import LayerPrecision

@@ -9,7 +9,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from ktrainer.errors import check_choice, check_int
+from ktrainer.checks import check_choice, check_int
 from ktrainer.precision.base import Precision
 from ktrainer.precision.loss_scale import DynamicLossScale, NoLossScale
 

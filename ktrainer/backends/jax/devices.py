@@ -17,7 +17,7 @@ import jax
 import keras
 
 from ktrainer.backends.device_list import requested_indices
-from ktrainer.errors import check_choice, check_int
+from ktrainer.checks import check_choice, check_int
 
 __all__ = ["JaxDevicePlan", "plan_devices", "COORDINATOR", "NUM_PROCESSES", "PROCESS_ID"]
 

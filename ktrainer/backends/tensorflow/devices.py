@@ -11,7 +11,7 @@ from typing import Any
 import tensorflow as tf
 
 from ktrainer.backends.device_list import requested_indices
-from ktrainer.errors import check_choice, check_int
+from ktrainer.checks import check_choice, check_int
 
 __all__ = ["DevicePlan", "plan_devices"]
 

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["check_choice", "check_int", "check_count_or_fraction", "check_module_hooks", "check_bool",
-           "check_storage_options", "check_path"]
+           "check_storage_options", "check_path", "optional", "check_fast_dev_run"]
 
 
 def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:
@@ -124,3 +124,17 @@ def check_path(name: str, value: Any, *, allow_none: bool = False) -> str | None
         raise ValueError(f"{name} must be a non-empty path or URL string{extra}, got {value!r} "
                          f"({type(value).__name__}).")
     return value
+
+
+def optional(check: Any, name: str, value: Any, **kwargs: Any) -> Any:
+    """Run `check` on `value` unless it is None."""
+    return None if value is None else check(name, value, **kwargs)
+
+
+def check_fast_dev_run(value: Any) -> int:
+    """fast_dev_run as a batch count: True -> 1, False -> 0."""
+    if value is True:
+        return 1
+    if value is False:
+        return 0
+    return check_int("fast_dev_run", value, minimum=0)

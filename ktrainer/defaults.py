@@ -1,8 +1,7 @@
-"""How the Trainer's arguments become loggers and callbacks, and small helpers of its loop."""
+"""The loggers and callbacks a Trainer gets from its arguments: the built-ins the user did not give, then theirs."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,24 +9,9 @@ import keras
 
 from ktrainer.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ProgressBar, ThroughputMonitor
 from ktrainer.callbacks.keras_adapter import wrap_keras_callback
-from ktrainer.errors import check_int
 from ktrainer.loggers import Logger, TensorBoardLogger
 
-__all__ = ["optional", "check_fast_dev_run", "resolve_loggers", "default_callbacks", "quietly"]
-
-
-def optional(check: Any, name: str, value: Any, **kwargs: Any) -> Any:
-    """Run `check` on `value` unless it is None."""
-    return None if value is None else check(name, value, **kwargs)
-
-
-def check_fast_dev_run(value: Any) -> int:
-    """fast_dev_run as a batch count: True -> 1, False -> 0."""
-    if value is True:
-        return 1
-    if value is False:
-        return 0
-    return check_int("fast_dev_run", value, minimum=0)
+__all__ = ["resolve_loggers", "default_callbacks"]
 
 
 def resolve_loggers(logger: Any) -> list[Logger]:
@@ -80,12 +64,3 @@ def default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, 
     if has_logger and not any(isinstance(c, ThroughputMonitor) for c in given):
         defaults.append(ThroughputMonitor())
     return defaults + given
-
-
-def quietly(function: Any, *args: Any) -> None:
-    """Call a clean-up function on the error path without hiding the original error."""
-    try:
-        function(*args)
-    except Exception as error:  # noqa: BLE001 - the user's original error must surface unchanged
-        warnings.warn(f"{getattr(function, '__qualname__', function)} failed during clean-up: {error!r}",
-                      stacklevel=2)
