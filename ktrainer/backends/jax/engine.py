@@ -10,6 +10,7 @@ the global batch: no 1/replicas factor, and the finite check of loss scaling is 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,7 +62,7 @@ class JaxEngine(Engine):
         if len(devices) > 1:
             self.strategy = keras.distribution.DataParallel(devices=devices)
 
-    @property
+    @functools.cached_property
     def replicas(self) -> int:
         """Devices of every process."""
         return len(self.plan.jax_devices())
@@ -97,6 +98,8 @@ class JaxEngine(Engine):
 
     def place(self, batch: Any, *, stacked: bool = False) -> Any:
         """Put a global batch (or N stacked ones) on the mesh, split along the batch when it divides evenly."""
+        if self.replicas == 1:  # one device: the jitted call takes numpy as it is (its fastest path)
+            return batch
         processes, index = jax.process_count(), jax.process_index()
         size = keras.tree.flatten(batch)[0].shape[1 if stacked else 0]
         sharding, even = self._batch_sharding(size, stacked)
@@ -155,7 +158,7 @@ class JaxEngine(Engine):
 
         compiled = jax.jit(predict)
         values = stateless_values(variables)
-        return [keras.tree.map_structure(to_host, compiled(values, self.place(batch), jnp.int32(index)))
+        return [keras.tree.map_structure(to_host, compiled(values, self.place(batch), np.int32(index)))
                 for index, batch in enumerate(source.numpy_batches(0))]
 
     def training_flops(self, module: Any, global_batch_size: int) -> float | None:
@@ -230,16 +233,16 @@ class _TrainRunner(Runner):
         if len(batches) > 1 and len(shapes) == 1:
             stacked = keras.tree.map_structure(lambda *parts: np.stack(parts), *batches)
             big, small, vectors = self._scanned(big, small, self.engine.place(stacked, stacked=True),
-                                                jnp.int32(first_index))
+                                                np.int32(first_index))
+            values = to_host(vectors)
         else:
             rows = []
             for offset, batch in enumerate(batches):
-                big, small, vector = self._single(big, small, self.engine.place(batch), jnp.int32(first_index + offset))
+                big, small, vector = self._single(big, small, self.engine.place(batch), np.int32(first_index + offset))
                 rows.append(vector)
-            vectors = jnp.stack(rows)
+            values = np.stack([to_host(row) for row in rows])  # on the host: no extra dispatch
         self.step.big = big
         self.step.write_small(small)
-        values = to_host(vectors)
         outputs = dict(zip(self.step.keys, values.T, strict=True))
         if self.engine.multi_process:
             outputs[STOP] = self._agreed_stop(len(batches))
@@ -284,7 +287,7 @@ class _EvalRunner(Runner):
         rows = []
         for offset, batch in zip(range(num_steps), iterator, strict=False):
             metric_values, vector = self._compiled(values, metric_values, self.engine.place(batch),
-                                                   jnp.int32(first_index + offset))
+                                                   np.int32(first_index + offset))
             rows.append(to_host(vector))
         for variable, value in zip(self.metric_variables, metric_values, strict=True):
             variable.assign(value)
