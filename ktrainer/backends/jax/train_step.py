@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import keras
 
+from ktrainer.accumulation import groups_mismatch
 from ktrainer.backends.jax.update_rule import JaxUpdateRule
 from ktrainer.hooks import NO_UPDATE, call_step_hook, loss_from_return, traced_batch_index, wrapped_optimizer
 from ktrainer.module import LogOptions
@@ -352,12 +353,7 @@ class JaxTrainStep:
 
     def mismatch(self, state: dict[str, Any]) -> str:
         """Why a saved partial group does not fit this step ("" when it does, or there is none)."""
-        if not state:
-            return ""
-        if set(state) != {f"{number:02d}" for number in range(len(self.rules))}:
-            return (f"The checkpoint holds partial gradient-accumulation groups of {len(state)} updates; this run "
-                    f"makes {len(self.rules)} per step. Resume with the same training_step and optimizers.")
-        return "".join(rule.mismatch(state[f"{number:02d}"]) for number, rule in enumerate(self.rules))
+        return groups_mismatch(self.rules, state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the partial groups (after `mismatch` found none)."""

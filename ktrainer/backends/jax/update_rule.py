@@ -16,12 +16,13 @@ from typing import Any
 import jax.numpy as jnp
 import keras
 
+from ktrainer.accumulation import PartialGroup
 from ktrainer.precision.loss_scale import all_finite
 
 __all__ = ["JaxUpdateRule"]
 
 
-class JaxUpdateRule:
+class JaxUpdateRule(PartialGroup):
     """One optimizer over one list of variables: accumulation, the skip decision, clipping, the update.
 
     Args:
@@ -118,35 +119,11 @@ class JaxUpdateRule:
     # ----- the partial group in checkpoints ----------------------------------------------------------
 
     def pending(self, count: Any = None) -> int:
-        """Batches in the partial group: of `count` (a live value) or of the variable."""
+        """Batches in the partial group: of `count` (a live value) or of the variable (a checkpoint's layout and
+        checks: `PartialGroup`)."""
         if self.count is None:
             return 0
         return int(keras.ops.convert_to_numpy(self.count.value if count is None else count))
-
-    def state_dict(self) -> dict[str, Any]:
-        """The partial group (empty without one): the TensorFlow engine's layout, so checkpoints move."""
-        if self.pending() == 0:
-            return {}
-        return {"count": self.count, "sums": {f"{i:05d}": total for i, total in enumerate(self.sums)}}
-
-    def mismatch(self, state: dict[str, Any]) -> str:
-        """Why a saved partial group does not fit this rule ("" when it does, or there is none)."""
-        if not state:
-            return ""
-        sums = list(state.get("sums", {}).values())
-        if self.accumulate == 1 or len(sums) != len(self.sums) or int(state["count"]) >= self.accumulate:
-            return (f"The checkpoint holds a partial gradient-accumulation group of {int(state['count'])} batches "
-                    f"over {len(sums)} variables; this run accumulates {self.accumulate} batches over "
-                    f"{len(self.sums)} variables. Resume with the same accumulate_grad_batches (and model).")
-        return ""
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a partial group (after `mismatch` found none)."""
-        if not state:
-            return
-        for total, value in zip(self.sums, state["sums"].values(), strict=True):
-            total.assign(value)
-        self.count.assign(int(state["count"]))
 
 
 def _where(condition: Any, new: Sequence[Any], old: Sequence[Any]) -> list[Any]:

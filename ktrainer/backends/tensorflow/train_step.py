@@ -21,6 +21,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from ktrainer.accumulation import PartialGroup, groups_mismatch
 from ktrainer.backends.tensorflow.gradients import dense, values
 from ktrainer.hooks import NO_UPDATE, call_step_hook, loss_from_return, wrapped_optimizer
 from ktrainer.module import LogOptions
@@ -47,7 +48,7 @@ def _all_reduce_sum(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
     return context.all_reduce(tf.distribute.ReduceOp.SUM, tensors)
 
 
-class UpdateRule:
+class UpdateRule(PartialGroup):
     """One optimizer updating one list of variables: loss scaling, accumulation, the skip decision, clipping.
 
     The loss each replica differentiates is the mean over its own batch divided by the number of
@@ -131,31 +132,6 @@ class UpdateRule:
     def loss_scale(self) -> Any:
         """The current loss scale, or None."""
         return self.precision.loss_scale(self.optimizer)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The partial group (empty without one)."""
-        if self.pending() == 0:
-            return {}
-        return {"count": self.count, "sums": {f"{i:05d}": total for i, total in enumerate(self.sums)}}
-
-    def mismatch(self, state: dict[str, Any]) -> str:
-        """Why a saved partial group does not fit this rule ("" when it does, or there is none)."""
-        if not state:
-            return ""
-        sums = list(state["sums"].values())
-        if self.accumulate == 1 or len(sums) != len(self.sums) or int(state["count"]) >= self.accumulate:
-            return (f"The checkpoint holds a partial gradient-accumulation group of {int(state['count'])} batches "
-                    f"over {len(sums)} variables; this run accumulates {self.accumulate} batches over "
-                    f"{len(self.sums)} variables. Resume with the same accumulate_grad_batches (and model).")
-        return ""
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a partial group (after `mismatch` found none)."""
-        if not state:
-            return
-        for total, value in zip(self.sums, state["sums"].values(), strict=True):
-            total.assign(value)
-        self.count.assign(int(state["count"]))
 
     def _present(self, items: list) -> list:
         return [item for item, trained in zip(items, self._trained, strict=True) if trained]
@@ -382,12 +358,7 @@ class TrainStep:
 
     def mismatch(self, state: dict[str, Any]) -> str:
         """Why a saved partial group does not fit this step ("" when it does, or there is none)."""
-        if not state:
-            return ""
-        if set(state) != {f"{index:02d}" for index in range(len(self.rules))}:
-            return (f"The checkpoint holds partial gradient-accumulation groups of {len(state)} updates; this run "
-                    f"makes {len(self.rules)} per step. Resume with the same training_step and optimizers.")
-        return "".join(rule.mismatch(state[f"{index:02d}"]) for index, rule in enumerate(self.rules))
+        return groups_mismatch(self.rules, state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the partial groups (after `mismatch` found none)."""
