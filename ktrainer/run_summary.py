@@ -79,7 +79,7 @@ def fit_summary(trainer: Any, module: Any, train: Any, val: Any, resumed: Any) -
          else f"new run {trainer.run.run_id}"),
         ("stops at", _stops_at(trainer)),
     ]
-    writers = trainer._writing_loggers()
+    writers = trainer.reporter.writing_loggers
     if writers:
         rows.append(("logs", ", ".join(str(each.log_dir) for each in writers)))
     if trainer.checkpoint_callback is not None:

@@ -1,12 +1,10 @@
-"""The Trainer: its arguments, fit/validate/test/predict, and the training loop, top to bottom."""
+"""The Trainer: its arguments and public face; fit sets a run up and hands it to the `FitLoop` (fit_loop.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import signal
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -14,11 +12,10 @@ import keras
 import numpy as np
 
 from ktrainer.backends import make_engine, plan_devices
+from ktrainer.building import build_model, build_optimizers
 from ktrainer.callbacks import Callback, ModelCheckpoint
-from ktrainer.callbacks.keras_adapter import KerasCallback
-from ktrainer.checkpoint.format import checkpoint_name
 from ktrainer.checkpoint.resume import Resumable, check_ckpt_path, find_checkpoint
-from ktrainer.checkpoint.variables import assign_all, keyed, mismatches, refuse_mismatches
+from ktrainer.checkpoint.variables import assign_all, mismatches, refuse_mismatches
 from ktrainer.checks import (
     check_bool,
     check_choice,
@@ -28,40 +25,31 @@ from ktrainer.checks import (
     check_module_hooks,
     check_path,
     check_storage_options,
-    defines_hook,
     optional,
 )
-from ktrainer.components import adopt_class_keys, check_checkpoint_dirs, check_global_batch, check_keys, unique_keys
-from ktrainer.data import BatchSource, batches_per_epoch, check_validation_split, split_for_validation
+from ktrainer.components import check_checkpoint_dirs, check_global_batch
+from ktrainer.data import BatchSource, batches_per_epoch, check_validation_split
 from ktrainer.defaults import default_callbacks, resolve_loggers
+from ktrainer.evaluation import HOOK_NAMES, run_evaluation
+from ktrainer.fit_loop import FitLoop, save_checkpoints_now
 from ktrainer.fs import Location
 from ktrainer.history import History
 from ktrainer.loggers import Logger
 from ktrainer.logs import quietly, show_events
 from ktrainer.loop_state import TrainerState
-from ktrainer.lr_scaling import LR_SCALINGS, scale_learning_rate
-from ktrainer.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
+from ktrainer.lr_scaling import LR_SCALINGS
 from ktrainer.module import Module
-from ktrainer.module_checks import (
-    check_layers_created_in_build,
-    check_training_steps,
-    warn_val_data_without_validation_step,
-)
+from ktrainer.module_checks import check_training_steps, warn_val_data_without_validation_step
 from ktrainer.precision import LayerPrecision, resolve_precision
-from ktrainer.precision.advice import hardware_advice
-from ktrainer.precision.float32_layers import float32_at_construction, keep_float32
-from ktrainer.precision.report import (
-    check_output_dtype,
-    output_dtypes,
-    precision_report,
-)
-from ktrainer.preemption import DEFAULT_SIGNALS, Preempted, SignalWatcher, check_signals
+from ktrainer.precision.report import check_output_dtype, precision_report
+from ktrainer.preemption import DEFAULT_SIGNALS, SignalWatcher, check_signals
 from ktrainer.progress import Progress, draw_seed
-from ktrainer.random_state import capture_random_state, restore_random_state
+from ktrainer.reporting import Reporter, call_hook
 from ktrainer.run import RunIdentity
-from ktrainer.run_summary import fit_summary, stop_line, stop_reason
+from ktrainer.run_summary import fit_summary
 from ktrainer.schedule import Schedule
-from ktrainer.step_outputs import APPLIED, LOSS_SCALE, SKIPPED, STOP
+from ktrainer.stage_data import choose_source, shuffle_setting, split_training_data
+from ktrainer.state_dict import load_trainer_state_dict, trainer_state_dict
 from ktrainer.tracing import warn_if_not_training, watch_calls
 
 __all__ = ["Trainer"]
@@ -69,7 +57,6 @@ __all__ = ["Trainer"]
 log = logging.getLogger("ktrainer")
 
 _DEFAULT_MAX_EPOCHS = 1000
-SKIPPED_STEPS = "precision/skipped_steps"
 
 
 class Trainer:
@@ -201,6 +188,7 @@ class Trainer:
                                             self.enable_checkpointing)
         for each in self.loggers:
             each.attach(self.default_root_dir, self.storage_options)
+        self.reporter = Reporter(self.loggers, lambda: self.plan.is_chief)
         check_checkpoint_dirs(self.callbacks, self.default_root_dir, self.storage_options)
 
         self.progress = Progress(shuffle_seed=self.seed if self.seed is not None else draw_seed())
@@ -208,9 +196,6 @@ class Trainer:
         self.run = RunIdentity()
         self.should_stop = False
         self.stop_reason: str | None = None  # why a callback set should_stop, for the end-of-fit line
-        self.callback_metrics: dict[str, float] = {}
-        self.logged_metrics: dict[str, float] = {}
-        self.progress_bar_metrics: dict[str, float] = {}
         self.num_training_batches: int | None = None
         self.estimated_training_batches: int | None = None  # for display: also for data of unknown exact length
         self.eval_results: dict[str, float] = {}  # what the last validate()/test() returned
@@ -221,10 +206,8 @@ class Trainer:
         self._module: Module | None = None
         self.state = TrainerState()
         self._train_step: Any = None
-        self._signals = SignalWatcher(())
         self.history = History()
         self.shuffle = True
-        self._epoch_record: dict[str, float] = {}
 
     # ----- public API -----------------------------------------------------------------
 
@@ -247,6 +230,21 @@ class Trainer:
     def logger(self) -> Logger | None:
         """The first logger, or None."""
         return self.loggers[0] if self.loggers else None
+
+    @property
+    def callback_metrics(self) -> dict[str, float]:
+        """The latest value of every metric, under its logged and its plain name (for callbacks)."""
+        return self.reporter.callback_metrics
+
+    @property
+    def logged_metrics(self) -> dict[str, float]:
+        """The latest value of every metric sent to the loggers."""
+        return self.reporter.logged_metrics
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """What the progress bar shows, by label."""
+        return self.reporter.progress_bar_metrics
 
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:
@@ -288,7 +286,8 @@ class Trainer:
         Sections: "model" and "optimizer" (every variable, by "index:path"; the live variables,
         read when written), "accumulation" (a partial gradient-accumulation group), "progress",
         "random", "callbacks" and "loggers" (each one's state_dict by its unique key),
-        "precision", and "run" (id, lineage, global batch size, precision, hyperparameters).
+        "precision", "metrics" (the training metric objects'), and "run" (id, lineage, global
+        batch size, precision, hyperparameters, shuffle).
 
         Raises:
             RuntimeError: Before the model and optimizer are built (inside fit).
@@ -297,22 +296,7 @@ class Trainer:
         if module is None or module.model is None or self.optimizer is None or self._train_step is None:
             raise RuntimeError("Trainer.state_dict() needs a built model and optimizer: call it during fit "
                                "(e.g. from a callback).")
-        self.engine.sync()
-        return {
-            "model": keyed(module.model.variables),
-            "optimizer": keyed(self._optimizer_variables()),
-            "accumulation": self._train_step.state_dict(),
-            "progress": self.progress.state_dict(),
-            "random": capture_random_state(),
-            "callbacks": {key: cb.state_dict() for key, cb in unique_keys(self.callbacks).items()},
-            "loggers": {key: lg.state_dict() for key, lg in unique_keys(self._writing_loggers()).items()},
-            "precision": self.precision.state_dict(),
-            "metrics": {name: list(metric.variables)
-                        for name, metric in module._metric_objects.get("train", {}).items()},
-            "run": {"run_id": self.run.run_id, "lineage": list(self.run.lineage), "parent": self.run.parent,
-                    "global_batch_size": self.global_batch_size, "precision": self.precision.name,
-                    "hparams": _jsonable(module.hparams), "shuffle": self.shuffle},
-        }
+        return trainer_state_dict(self, module, self._train_step)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from what `state_dict()` returned (a checkpoint's state): everything, or nothing.
@@ -325,44 +309,7 @@ class Trainer:
         Raises:
             ValueError: When the checkpoint does not fit this model, optimizer or global batch.
         """
-        module = self._module
-        problems = (mismatches("model", state["model"], module.model.variables)
-                    + mismatches("optimizer", state["optimizer"], self._optimizer_variables()))
-        accumulation = self._train_step.mismatch(state.get("accumulation", {}))
-        if accumulation:
-            problems.append(accumulation)
-        refuse_mismatches(problems, "this model and optimizer")
-        progress = check_global_batch(state["progress"], state["run"]["global_batch_size"], self.global_batch_size,
-                                      self.allow_global_batch_change)
-        callbacks = unique_keys(self.callbacks)
-        loggers = unique_keys(self._writing_loggers())
-        saved = {"callbacks": adopt_class_keys(state.get("callbacks", {}), callbacks),
-                 "loggers": adopt_class_keys(state.get("loggers", {}), loggers)}
-        check_keys("callbacks", saved["callbacks"], callbacks)
-        if self.is_global_zero:
-            check_keys("loggers", saved["loggers"], loggers)
-        assign_all(state["model"], module.model.variables)
-        assign_all(state["optimizer"], self._optimizer_variables())
-        self._train_step.load_state_dict(state.get("accumulation", {}))
-        self.progress.load_state_dict(progress)
-        for section, components in (("callbacks", callbacks), ("loggers", loggers)):
-            for key, component in components.items():
-                if key in saved[section]:
-                    component.load_state_dict(saved[section][key])
-        self.precision.load_state_dict(state.get("precision", {}))
-        for name, metric in module._metric_objects.get("train", {}).items():
-            saved_metric = state.get("metrics", {}).get(name)
-            if saved_metric is not None and len(saved_metric) == len(metric.variables):
-                for variable, value in zip(metric.variables, saved_metric, strict=True):
-                    variable.assign(value)
-        restore_random_state(state["random"])
-        self.engine.reload()
-        if state["run"]["precision"] != self.precision.name:
-            log.warning("Resuming a %s checkpoint under precision=%r.", state["run"]["precision"], self.precision.name)
-
-    def _optimizer_variables(self) -> list:
-        """Every optimizer's variables, in `configure_optimizers` order."""
-        return [variable for optimizer in self.optimizers for variable in optimizer.variables]
+        load_trainer_state_dict(self, self._module, self._train_step, state)
 
     def save_checkpoint(self) -> list[str]:
         """Save a checkpoint now through every ModelCheckpoint, and wait until it is committed.
@@ -370,17 +317,7 @@ class Trainer:
         Returns:
             The URLs of the checkpoints saved (empty outside the chief, or without a ModelCheckpoint).
         """
-        return self._save_checkpoints("manual")
-
-    def _save_checkpoints(self, reason: str) -> list[str]:
-        saved = []
-        for callback in self.callbacks:
-            if isinstance(callback, ModelCheckpoint):
-                callback.save(self, reason=reason)
-                callback.wait()
-                if callback.last_saved:
-                    saved.append(callback.last_saved)
-        return saved
+        return save_checkpoints_now(self, "manual")
 
     def precision_report(self, module: Module | None = None) -> dict[str, LayerPrecision]:
         """Compute and variable dtype of every layer of the module's model, by layer name.
@@ -434,14 +371,14 @@ class Trainer:
         check_validation_split(validation_split, val_data)
         self.run = RunIdentity()
         self.history = History()
-        with self._run("fit", module), SignalWatcher(self.preemption_signals) as self._signals:
+        with self._run("fit", module), SignalWatcher(self.preemption_signals) as signals:
             resumed = find_checkpoint(ckpt_path, self.checkpoint_dir, self.storage_options) if ckpt_path else None
             if resumed is not None and not self.allow_global_batch_change:  # fail before building anything
                 check_global_batch(resumed.state["progress"], resumed.state["run"]["global_batch_size"],
                                    self.global_batch_size, allow_change=False)
-            self.shuffle = _shuffle_setting(shuffle, resumed)
+            self.shuffle = shuffle_setting(shuffle, resumed.state["run"].get("shuffle") if resumed else None)
             if validation_split is not None:
-                train_data, val_data = self._split(module, train_data, validation_split)
+                train_data, val_data = split_training_data(module, train_data, validation_split)
             train = self._source(train_data, module.train_data, "train_data", training=True, required=True)
             self.num_training_batches = batches_per_epoch(train, self.limit_train_batches)
             self.estimated_training_batches = train.estimated_batches
@@ -469,41 +406,12 @@ class Trainer:
                 self._resume(resumed)
             train_runner = self.engine.train_runner(train_step, keys)
             val_runner = self.engine.eval_runner(module, val, "validation_step", "val") if val else None
-            self._val_batches = batches_per_epoch(val, self.limit_val_batches) if val else None
             if self.is_global_zero:
                 log.info(fit_summary(self, module, train, val, resumed))
-            self._log_hyperparameters(module)
-            self._call("on_fit_start", module)
-            if self._finished():
-                log.warning("Nothing to train: the run is at step %d (epoch %d): %s. Raise the limit to train on.",
-                            self.global_step, self.current_epoch, stop_reason(self))
-            started = time.monotonic()
-            try:
-                while not self._finished():
-                    self._check_for_preemption()
-                    self._train_epoch(module, train, train_step, train_runner, val, val_runner)
-            except _PreemptionRequested as request:
-                self._stop_for_preemption(request.signum)
-            self.engine.sync()
-            self._call("on_train_end", module)
-            if self.is_global_zero:
-                log.info(stop_line(self, time.monotonic() - started))
-            self._finalize_ema()
-            self._call("on_fit_end", module)
+            self.reporter.log_hyperparameters(module.hparams)
+            FitLoop(self, module, train, train_step, train_runner, val, val_runner,
+                    batches_per_epoch(val, self.limit_val_batches) if val else None, signals).run()
         return self.history
-
-    def _finalize_ema(self) -> None:
-        """Put the moving averages into the weights, as Keras's fit does for an optimizer with `use_ema=True`.
-
-        After `on_train_end`, where the last checkpoint (raw weights and averages both, for an exact
-        resume) is saved; `on_fit_end` hooks and the caller see the averaged weights.
-        """
-        for rule in self._train_step.rules:
-            inner = getattr(rule.optimizer, "inner_optimizer", rule.optimizer)
-            if getattr(inner, "use_ema", False):
-                self.engine.sync()
-                inner.finalize_variable_values(rule.variables)
-                self.engine.reload()
 
     def _resume(self, resumed: Resumable) -> None:
         """Load a checkpoint into the built run (all or nothing) and note where the run continues from."""
@@ -512,18 +420,6 @@ class Trainer:
         self.run = self.run.resumed(resumed.canonical_url, resumed.info.committed, saved_run.get("lineage", []))
         log.debug("Resumed from %s at step %d (epoch %d, batch %d).", resumed.info.url, self.global_step,
                   self.current_epoch, self.progress.batch_in_epoch)
-
-    def _stop_for_preemption(self, signum: int) -> None:
-        """Save a checkpoint at the step reached (waiting for a save in flight), then raise Preempted."""
-        callback = self.checkpoint_callback
-        if self.is_global_zero:
-            saved = self._save_checkpoints("preemption") or ([callback.last_saved] if callback and callback.last_saved
-                                                             else [])
-        else:  # the chief saves, at the same step (every worker stopped after the same one)
-            saved = [f"{self.checkpoint_dir.url.rstrip('/')}/{checkpoint_name(self.global_step)}"] if callback else []
-        preempted = Preempted(signum, self.global_step, saved[0] if saved else None)
-        log.warning("%s Resume with ckpt_path='last'.", preempted)
-        raise preempted
 
     def validate(self, module: Module, data: Any = None, ckpt_path: str | os.PathLike | None = None,
                  ) -> dict[str, float]:
@@ -576,141 +472,13 @@ class Trainer:
 
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Send metrics to every logger (and to `callback_metrics`), at `step` or the global step."""
-        step = self.global_step if step is None else step
-        self.logged_metrics.update(metrics)
-        self.callback_metrics.update(metrics)
-        for each in self._writing_loggers():
-            each.log_metrics({**metrics, "epoch": self.current_epoch}, step)
-
-    # ----- the training loop ------------------------------------------------------------
-
-    def _train_epoch(self, module: Module, train: BatchSource, train_step: Any,
-                     runner: Any, val: BatchSource | None, val_runner: Any) -> None:
-        progress = self.progress
-        self.state.at_epoch_end = self.state.validated_this_epoch = False
-        self.state.first_batch_of_epoch = progress.batch_in_epoch
-        if progress.batch_in_epoch == 0:
-            reset_metric_objects(module, "train")  # resumed mid-epoch, they hold the checkpoint's state
-        progress.start_epoch()
-        self._epoch_record = {}
-        module._stage = "train"
-        module.on_train_epoch_start()
-        self._call("on_train_epoch_start", module)
-        self._log_hook_values(module)
-        metrics = EpochMetrics(module._log_options, progress.epoch_sums)
-        if progress.pending_validation and val is not None:
-            self._validate_in_fit(module, val, val_runner)
-        iterator = self.engine.batches(train, progress.epoch, progress.batch_in_epoch, progress.shuffle_seed)
-        sync_each_batch = self._batch_hooks_read_weights(module)
-        exhausted = False
-        while not self.should_stop:
-            num_steps = self.schedule.batches_in_next_execution(progress)
-            if num_steps == 0:
-                break
-            self._call("on_train_batch_start", module, progress.batch_in_epoch)
-            if self.engine.multi_process and self._signals.received is not None:
-                self.engine.request_stop(train_step)  # every process learns it from this execution's all-reduce
-            outputs = runner.run(iterator, num_steps, progress.batch_in_epoch)
-            ran = len(outputs[APPLIED])
-            if ran == 0:
-                if progress.batch_in_epoch == 0:
-                    check_training_steps(0, None, self.batch_size, self.engine.replicas)
-                exhausted = True
-                break
-            metrics.add(outputs)
-            stepped = outputs[APPLIED].astype(bool)
-            steps_after = progress.global_step + np.cumsum(stepped)
-            skips_after = progress.skipped_steps + np.cumsum(outputs[SKIPPED].astype(np.int64))
-            log_at = self.schedule.log_indices(stepped, steps_after)
-            running = metric_object_values(module, "train", epoch=False)  # their result after this execution
-            for index in log_at:
-                progress.global_step = int(steps_after[index])
-                extra = {SKIPPED_STEPS: int(skips_after[index])} if self.precision.loss_scaling else {}
-                self.log_metrics({**metrics.step_metrics(outputs, index), **running, **extra})
-            self.state.logged_step_in_last_execution = len(log_at) > 0
-            progress.global_step = int(steps_after[-1])
-            progress.skipped_steps = int(skips_after[-1])
-            progress.batch_in_epoch += ran
-            scale = outputs.get(LOSS_SCALE)
-            self.precision.watch(outputs[SKIPPED][stepped], None if scale is None else float(scale[-1]))
-            step_metrics = {**metrics.step_metrics(outputs, ran - 1), **running}
-            self._remember(step_metrics, metrics)
-            if sync_each_batch:
-                self.engine.sync()
-            self._call("on_train_batch_end", module, step_metrics, progress.batch_in_epoch - 1)
-            self._check_for_preemption(outputs)
-            if val is not None and self.schedule.validates_within_epoch(progress):
-                self._validate_in_fit(module, val, val_runner)
-            if ran < num_steps:
-                exhausted = True
-                break
-            if self.max_steps is not None and progress.global_step >= self.max_steps:
-                break
-        epoch_ended = exhausted or (self.num_training_batches is not None
-                                    and progress.batch_in_epoch >= self.num_training_batches)
-        if epoch_ended:
-            stepped, skipped = train_step.flush()
-            progress.global_step += int(stepped)
-            progress.skipped_steps += int(skipped)
-        self.state.at_epoch_end = True
-        self.engine.sync()
-        if val is not None and self.schedule.validates_at_epoch_end(progress):
-            self._validate_in_fit(module, val, val_runner)
-        epoch_values = {**metrics.epoch_metrics(), **metric_object_values(module, "train", epoch=True)}
-        self.log_metrics(epoch_values)
-        self._remember(epoch_values, metrics)
-        self._epoch_record.update(epoch_values)
-        progress.epoch_done = epoch_ended
-        module._stage = "train"
-        module.on_train_epoch_end()
-        self._call("on_train_epoch_end", module)
-        self._log_hook_values(module)
-        if epoch_ended:
-            self.history.record(progress.epoch, self._epoch_record)
-        for each in self._writing_loggers():
-            each.flush()
-        train.end_epoch()
-        if epoch_ended:
-            progress.next_epoch()
-
-    def _finished(self) -> bool:
-        return self.should_stop or self.schedule.finished(self.progress)
-
-    def _check_for_preemption(self, outputs: dict[str, np.ndarray] | None = None) -> None:
-        """Stop here when a preemption signal arrived.
-
-        With several workers the decision is the one every worker read from the last training
-        execution's all-reduce (`outputs`), so all stop after the same step and none waits
-        forever in a collective; elsewhere (between epochs, during validation) they go on.
-        """
-        received = self._signals.received
-        if self._train_step is None or not self.engine.multi_process:
-            if received is not None:
-                raise _PreemptionRequested(received)
-        elif outputs is not None and outputs[STOP][-1] > 0:
-            raise _PreemptionRequested(received if received is not None else signal.SIGTERM)
-
-    # ----- validation -------------------------------------------------------------------
-
-    def _validate_in_fit(self, module: Module, val: BatchSource, runner: Any) -> None:
-        """A validation run inside fit. Preempted part-way, it is marked pending, and a resumed run repeats it
-        (at an epoch end, the whole epoch end is repeated: the epoch is not marked done until it ran)."""
-        self.progress.pending_validation = not self.state.at_epoch_end
-        self.engine.sync()
-        self._call("on_validation_start", module)
-        metrics = self._run_eval(module, val, runner, self._val_batches, "val", preemptible=True)
-        self.progress.pending_validation = False
-        self.log_metrics(metrics)
-        if self.state.at_epoch_end:
-            self._epoch_record.update(metrics)
-        self.state.validated_this_epoch = self.state.at_epoch_end
-        self._call("on_validation_end", module)
+        self.reporter.log(metrics, self.global_step if step is None else step, self.current_epoch)
 
     def _evaluate(self, module: Module, data: Any, hook: str, prefix: str, stage: str,
                   ckpt_path: str | os.PathLike | None) -> dict[str, float]:
         check_module_hooks(module, Module, ("build",))
         ckpt_path = check_ckpt_path(ckpt_path)
-        kind = "validation" if prefix == "val" else "test"
+        kind = HOOK_NAMES[prefix]
         with self._run(stage, module):
             source = self._source(data, getattr(module, f"{prefix}_data"), f"{prefix}_data",
                                   training=False, required=True)
@@ -720,7 +488,7 @@ class Trainer:
             if ckpt_path:
                 self._load_model_weights(module, ckpt_path)
             self._call(f"on_{kind}_start", module)
-            metrics = self._run_eval(module, source, runner, batches_per_epoch(source, limit), prefix)
+            metrics = run_evaluation(self, module, source, runner, batches_per_epoch(source, limit), prefix)
             self.log_metrics(metrics)
             self.eval_results = metrics
             self._call(f"on_{kind}_end", module)
@@ -735,43 +503,6 @@ class Trainer:
         assign_all(resumed.state["model"], module.model.variables)
         log.info("Evaluating the weights of %s (step %d).", resumed.info.url, resumed.state["progress"]["global_step"])
 
-    def _run_eval(self, module: Module, source: BatchSource, runner: Any,
-                  num_batches: int | None, stage: str, *, preemptible: bool = False) -> dict[str, float]:
-        """One evaluation run: reset its metric objects, the epoch hooks around the batches, exact results."""
-        kind = "validation" if stage == "val" else "test"
-        reset_metric_objects(module, stage)
-        module._stage = stage
-        getattr(module, f"on_{kind}_epoch_start")()
-        self._call(f"on_{kind}_epoch_start", module)
-        metrics = EpochMetrics(module._log_options)
-        iterator = self.engine.batches(source)
-        while num_batches is None or metrics.steps < num_batches:
-            if preemptible:
-                self._check_for_preemption()
-            wanted = self.steps_per_execution
-            if num_batches is not None:
-                wanted = min(wanted, num_batches - metrics.steps)
-            outputs = runner.run(iterator, wanted, metrics.steps)
-            if len(next(iter(outputs.values()))):
-                metrics.add(outputs)
-            if len(next(iter(outputs.values()))) < wanted:
-                break
-        results = {**metrics.epoch_metrics(), **metric_object_values(module, stage, epoch=True)}
-        module._stage = stage
-        getattr(module, f"on_{kind}_epoch_end")()
-        self._call(f"on_{kind}_epoch_end", module)
-        results.update(hook_values(module._take_logged()))
-        self._remember(results, metrics)
-        return results
-
-    def _log_hook_values(self, module: Module) -> None:
-        """Log what the module logged from a Python hook (numbers), at once, at the current step."""
-        values = hook_values(module._take_logged())
-        if values:
-            self.log_metrics(values)
-            self.callback_metrics.update(values)
-            self._epoch_record.update(values)
-
     # ----- set-up and tear-down ---------------------------------------------------------
 
     @contextlib.contextmanager
@@ -783,7 +514,6 @@ class Trainer:
         module.trainer = self
         self._module = module
         status = "success"
-        stack = contextlib.ExitStack()
         try:
             self.engine.start()
             if stage == "fit":
@@ -800,7 +530,7 @@ class Trainer:
             raise
         finally:
             try:
-                for each in self._writing_loggers():
+                for each in self.reporter.writing_loggers:
                     if status == "success":
                         each.finalize(status)
                     else:
@@ -810,144 +540,21 @@ class Trainer:
                 quietly(module.teardown, stage)
             finally:
                 quietly(self.engine.sync)
-                stack.close()
                 keras.config.set_dtype_policy(previous_policy)
                 self.state.stage = ""
 
     def _build(self, module: Module, *, with_optimizer: bool) -> None:
-        """Set the precision policy, enter the strategy scope, build the model (and optimizer)."""
-        check_layers_created_in_build(module)
-        keras.config.set_dtype_policy(self.precision.policy)
-        with self.engine.scope():
-            if module.model is None:
-                with float32_at_construction(self.float32_layers) as matched:
-                    model = module.build()
-                if not isinstance(model, keras.Model):
-                    raise TypeError(
-                        f"{type(module).__name__}.build() returned {type(model).__name__}; it must return "
-                        "a keras.Model (e.g. keras.Sequential([...]))."
-                    )
-                module.model = module._built_model = model
-                unmatched = [s for s in self.float32_layers if s not in matched]
-                if unmatched:  # names Keras gave: known only now
-                    keep_float32(model, unmatched)
-            if with_optimizer:
-                configured = module.configure_optimizers()
-                self._configured = configured_optimizers(configured, module)
-                module._configured_optimizers = configured
-                self.optimizers = [self.precision.wrap_optimizer(each) for each in self._configured]
-                self.optimizer = self.optimizers[0]
-                for each in self.optimizers:
-                    self.lr_factor = scale_learning_rate(each, self.lr_scaling, self.engine.replicas)
-        dtypes, layer = output_dtypes(module.model)
-        check_output_dtype(dtypes, self.precision.name, self.precision.compute_dtype, layer)
+        """Set the precision policy, build the model in the engine's scope, and (for fit) its optimizers."""
+        build_model(module, self.precision, self.float32_layers, self.engine)
         if with_optimizer:
-            accelerators = self.engine.visible_accelerators()
-            for line in hardware_advice(self.precision.name, self.precision.compute_dtype, accelerators):
-                log.warning(line)
-
-    @staticmethod
-    def _split(module: Module, train_data: Any, fraction: float) -> tuple[Any, Any]:
-        """`validation_split`: the given (or the module's) training data, split; a module's own validation data
-        alongside it is an error, as two sources of validation data would be a surprise."""
-        if module.val_data() is not None:
-            raise ValueError(f"validation_split={fraction} and {type(module).__name__}.val_data() both give "
-                             "validation data. Use one: drop validation_split, or return None from val_data().")
-        data = train_data if train_data is not None else module.train_data()
-        if data is None:
-            raise ValueError(f"validation_split={fraction} has no training data to split: pass "
-                             "trainer.fit(module, train_data=...) or return it from the module's train_data().")
-        return split_for_validation(data, fraction)
+            built = build_optimizers(module, self.precision, self.engine, self.lr_scaling)
+            self._configured, self.optimizers, self.lr_factor = built.configured, built.wrapped, built.lr_factor
+            self.optimizer = self.optimizers[0]
 
     def _source(self, given: Any, hook: Any, what: str, *, training: bool, required: bool) -> BatchSource | None:
-        data = given if given is not None else hook()
-        if data is None:
-            if required:
-                raise ValueError(
-                    f"No {what}: pass it to the Trainer call (e.g. trainer.fit(module, train_data=...)) "
-                    f"or return it from the module's {what.split()[0]}() hook."
-                )
-            return None
-        source = BatchSource(data, self.global_batch_size, shuffle=training and self.shuffle, what=what,
-                             drop_remainder=training and self.engine.replicas > 1)
-        if training and source.is_infinite and not isinstance(self.limit_train_batches, int):
-            raise ValueError(
-                f"{what} repeats forever, so an epoch never ends. Set limit_train_batches=N "
-                "(batches per epoch) on the Trainer."
-            )
-        return source
-
-    def _log_hyperparameters(self, module: Module) -> None:
-        if module.hparams:
-            for each in self._writing_loggers():
-                each.log_hyperparams(module.hparams)
-
-    def _remember(self, values: dict[str, float], metrics: EpochMetrics) -> None:
-        """Keep the latest values for callbacks (under the logged and the plain names) and the bar."""
-        self.callback_metrics.update(values)
-        for name in values:
-            plain = name.removesuffix("_step").removesuffix("_epoch")
-            self.callback_metrics[plain] = values[name]
-        shown = metrics.prog_bar_names() | {"train/loss_step"}
-        for name in shown & set(values):
-            label = "loss" if name == "train/loss_step" else name
-            self.progress_bar_metrics[label] = values[name]
-
-    def _batch_hooks_read_weights(self, module: Module) -> bool:
-        """Whether a user's callback (or a Keras callback) has batch hooks, which may read the weights: the
-        engine then syncs its state into the variables before them. ktrainer's own callbacks read none there."""
-        def may_read(callback: Callback) -> bool:
-            own = type(callback).__module__.startswith("ktrainer.callbacks.")
-            if own and not isinstance(callback, KerasCallback):
-                return False
-            hooks = ("on_train_batch_start", "on_train_batch_end")
-            return any(defines_hook(callback, hook, Callback) for hook in hooks)
-
-        return any(may_read(callback) for callback in self.callbacks)
-
-    def _writing_loggers(self) -> list[Logger]:
-        return self.loggers if self.is_global_zero else []
+        return choose_source(given, hook, what, global_batch_size=self.global_batch_size, training=training,
+                             required=required, shuffle=self.shuffle, drop_remainder=self.engine.replicas > 1,
+                             limit_batches=self.limit_train_batches)
 
     def _call(self, hook: str, module: Module, *args: Any) -> None:
-        for callback in self.callbacks:
-            getattr(callback, hook)(self, module, *args)
-
-
-class _PreemptionRequested(Exception):  # noqa: N818 - a signal to unwind the loop, caught by fit
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def configured_optimizers(configured: Any, module: Module) -> list[keras.optimizers.Optimizer]:
-    """The optimizers `configure_optimizers()` returned (one, a list or a dict), as a list, checked.
-
-    Raises:
-        TypeError: For anything that is not keras optimizers, or several under automatic optimization.
-    """
-    name = type(module).__name__
-    optimizers = list(configured.values()) if isinstance(configured, dict) else (
-        list(configured) if isinstance(configured, list | tuple) else [configured])
-    if not optimizers or not all(isinstance(each, keras.optimizers.Optimizer) for each in optimizers):
-        raise TypeError(f"{name}.configure_optimizers() returned {configured!r}; it must return a keras optimizer, "
-                        "e.g. keras.optimizers.Adam(1e-3), or (with manual optimization) a list or dict of them.")
-    if len(optimizers) > 1 and module.automatic_optimization:
-        raise TypeError(f"{name}.configure_optimizers() returned {len(optimizers)} optimizers, but the Trainer steps "
-                        "one by itself. Set automatic_optimization = False in the module and make each update in "
-                        "training_step with self.manual_step(loss_fn, optimizer, variables).")
-    return optimizers
-
-
-def _shuffle_setting(given: bool | None, resumed: Resumable | None) -> bool:
-    """`fit(shuffle=...)`: as given; else as the checkpoint resumed from was trained; else True."""
-    saved = resumed.state["run"].get("shuffle") if resumed is not None else None
-    if given is not None and saved is not None and given != saved:
-        log.warning("Resuming a run trained with shuffle=%s under shuffle=%s: the data order differs from the "
-                    "interrupted run's.", saved, given)
-    if given is not None:
-        return given
-    return True if saved is None else bool(saved)
-
-
-def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: v if isinstance(v, bool | int | float | str | type(None)) else str(v) for k, v in values.items()}
+        call_hook(self.callbacks, hook, self, module, *args)

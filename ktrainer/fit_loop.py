@@ -1,0 +1,295 @@
+"""The training loop: epochs of compiled executions, validation inside them, hooks in order, until told to stop.
+
+`Trainer.fit` builds everything, then runs a `FitLoop`. The loop asks the `Schedule` when to
+validate, log and stop, keeps `Progress` (what a checkpoint resumes from) true after every
+execution, and is the only place that calls the training hooks.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from typing import Any
+
+import numpy as np
+
+from ktrainer.callbacks import Callback, ModelCheckpoint
+from ktrainer.callbacks.keras_adapter import KerasCallback
+from ktrainer.checkpoint.format import checkpoint_name
+from ktrainer.checks import defines_hook
+from ktrainer.data import BatchSource
+from ktrainer.evaluation import run_evaluation
+from ktrainer.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
+from ktrainer.module_checks import check_training_steps
+from ktrainer.preemption import Preempted, SignalWatcher
+from ktrainer.reporting import call_hook
+from ktrainer.run_summary import stop_line, stop_reason
+from ktrainer.step_outputs import APPLIED, LOSS_SCALE, SKIPPED, STOP
+
+__all__ = ["FitLoop", "save_checkpoints_now", "SKIPPED_STEPS"]
+
+log = logging.getLogger("ktrainer")
+
+SKIPPED_STEPS = "precision/skipped_steps"
+
+
+class FitLoop:
+    """Runs a built fit from `on_fit_start` to `on_fit_end`.
+
+    Args:
+        trainer: The Trainer (its progress, schedule, engine, callbacks, reporter and flags).
+        module: The Module, built.
+        train: The training data.
+        train_step: The engine's training step (its update rules; `flush` ends an accumulation group).
+        train_runner: The compiled training execution (`engine.train_runner`).
+        val: The validation data, or None.
+        val_runner: The compiled validation execution, or None.
+        val_batches: Batches per validation (None: all).
+        signals: The watcher of preemption signals.
+    """
+
+    def __init__(self, trainer: Any, module: Any, train: BatchSource, train_step: Any, train_runner: Any,
+                 val: BatchSource | None, val_runner: Any, val_batches: int | None, signals: SignalWatcher) -> None:
+        self.trainer, self.module = trainer, module
+        self.train, self.train_step, self.train_runner = train, train_step, train_runner
+        self.val, self.val_runner, self.val_batches = val, val_runner, val_batches
+        self.signals = signals
+        self.epoch_record: dict[str, float] = {}  # what History records of the current epoch
+        self.sync_each_batch = _batch_hooks_read_weights(trainer.callbacks)
+
+    def run(self) -> None:
+        """`on_fit_start`, epochs until the Schedule (or a callback, or a signal) stops them, `on_fit_end`.
+
+        Raises:
+            Preempted: After a preemption signal, once a checkpoint is saved.
+        """
+        trainer = self.trainer
+        self._call("on_fit_start")
+        if self._finished():
+            log.warning("Nothing to train: the run is at step %d (epoch %d): %s. Raise the limit to train on.",
+                        trainer.global_step, trainer.current_epoch, stop_reason(trainer))
+        started = time.monotonic()
+        try:
+            while not self._finished():
+                self._check_for_preemption()
+                self._train_epoch()
+        except _PreemptionRequested as request:
+            self._stop_for_preemption(request.signum)
+        trainer.engine.sync()
+        self._call("on_train_end")
+        if trainer.is_global_zero:
+            log.info(stop_line(trainer, time.monotonic() - started))
+        self._finalize_ema()
+        self._call("on_fit_end")
+
+    # ----- one epoch --------------------------------------------------------------------
+
+    def _train_epoch(self) -> None:
+        metrics = self._start_epoch()
+        if self.trainer.progress.pending_validation and self.val is not None:
+            self._validate()
+        epoch_ended = self._run_batches(metrics)
+        self._end_epoch(metrics, epoch_ended)
+
+    def _start_epoch(self) -> EpochMetrics:
+        trainer, module, progress = self.trainer, self.module, self.trainer.progress
+        trainer.state.at_epoch_end = trainer.state.validated_this_epoch = False
+        trainer.state.first_batch_of_epoch = progress.batch_in_epoch
+        if progress.batch_in_epoch == 0:
+            reset_metric_objects(module, "train")  # resumed mid-epoch, they hold the checkpoint's state
+        progress.start_epoch()
+        self.epoch_record = {}
+        module._stage = "train"
+        module.on_train_epoch_start()
+        self._call("on_train_epoch_start")
+        self._log_hook_values()
+        return EpochMetrics(module._log_options, progress.epoch_sums)
+
+    def _run_batches(self, metrics: EpochMetrics) -> bool:
+        """Compiled executions until the epoch's batches run out, a step limit is hit, or a callback stops.
+
+        Returns:
+            Whether the epoch ended (its batches, or its data, ran out).
+        """
+        trainer, progress = self.trainer, self.trainer.progress
+        iterator = trainer.engine.batches(self.train, progress.epoch, progress.batch_in_epoch, progress.shuffle_seed)
+        while not trainer.should_stop:
+            num_steps = trainer.schedule.batches_in_next_execution(progress)
+            if num_steps == 0:
+                break
+            self._call("on_train_batch_start", progress.batch_in_epoch)
+            if trainer.engine.multi_process and self.signals.received is not None:
+                trainer.engine.request_stop(self.train_step)  # every process learns it from this execution's all-reduce
+            outputs = self.train_runner.run(iterator, num_steps, progress.batch_in_epoch)
+            ran = len(outputs[APPLIED])
+            if ran == 0:
+                if progress.batch_in_epoch == 0:
+                    check_training_steps(0, None, trainer.batch_size, trainer.engine.replicas)
+                return True
+            step_metrics = self._account(outputs, metrics)
+            if self.sync_each_batch:
+                trainer.engine.sync()
+            self._call("on_train_batch_end", step_metrics, progress.batch_in_epoch - 1)
+            self._check_for_preemption(outputs)
+            if self.val is not None and trainer.schedule.validates_within_epoch(progress):
+                self._validate()
+            if ran < num_steps:
+                return True
+            if trainer.max_steps is not None and progress.global_step >= trainer.max_steps:
+                break
+        return trainer.num_training_batches is not None and progress.batch_in_epoch >= trainer.num_training_batches
+
+    def _account(self, outputs: dict[str, np.ndarray], metrics: EpochMetrics) -> dict[str, float]:
+        """Advance Progress over one execution's steps, log the steps the Schedule picks; the last step's metrics."""
+        trainer, progress = self.trainer, self.trainer.progress
+        ran = len(outputs[APPLIED])
+        metrics.add(outputs)
+        stepped = outputs[APPLIED].astype(bool)
+        steps_after = progress.global_step + np.cumsum(stepped)
+        skips_after = progress.skipped_steps + np.cumsum(outputs[SKIPPED].astype(np.int64))
+        log_at = trainer.schedule.log_indices(stepped, steps_after)
+        running = metric_object_values(self.module, "train", epoch=False)  # their result after this execution
+        for index in log_at:
+            progress.global_step = int(steps_after[index])
+            extra = {SKIPPED_STEPS: int(skips_after[index])} if trainer.precision.loss_scaling else {}
+            trainer.log_metrics({**metrics.step_metrics(outputs, index), **running, **extra})
+        trainer.state.logged_step_in_last_execution = len(log_at) > 0
+        progress.global_step = int(steps_after[-1])
+        progress.skipped_steps = int(skips_after[-1])
+        progress.batch_in_epoch += ran
+        scale = outputs.get(LOSS_SCALE)
+        trainer.precision.watch(outputs[SKIPPED][stepped], None if scale is None else float(scale[-1]))
+        step_metrics = {**metrics.step_metrics(outputs, ran - 1), **running}
+        trainer.reporter.remember(step_metrics, metrics.prog_bar_names())
+        return step_metrics
+
+    def _end_epoch(self, metrics: EpochMetrics, epoch_ended: bool) -> None:
+        trainer, module, progress = self.trainer, self.module, self.trainer.progress
+        if epoch_ended:
+            stepped, skipped = self.train_step.flush()
+            progress.global_step += int(stepped)
+            progress.skipped_steps += int(skipped)
+        trainer.state.at_epoch_end = True
+        trainer.engine.sync()
+        if self.val is not None and trainer.schedule.validates_at_epoch_end(progress):
+            self._validate()
+        epoch_values = {**metrics.epoch_metrics(), **metric_object_values(module, "train", epoch=True)}
+        trainer.log_metrics(epoch_values)
+        trainer.reporter.remember(epoch_values, metrics.prog_bar_names())
+        self.epoch_record.update(epoch_values)
+        progress.epoch_done = epoch_ended
+        module._stage = "train"
+        module.on_train_epoch_end()
+        self._call("on_train_epoch_end")
+        self._log_hook_values()
+        if epoch_ended:
+            trainer.history.record(progress.epoch, self.epoch_record)
+        trainer.reporter.flush()
+        self.train.end_epoch()
+        if epoch_ended:
+            progress.next_epoch()
+
+    # ----- validation, stopping ---------------------------------------------------------
+
+    def _validate(self) -> None:
+        """A validation run inside fit. Preempted part-way, it is marked pending, and a resumed run repeats it
+        (at an epoch end, the whole epoch end is repeated: the epoch is not marked done until it ran)."""
+        trainer = self.trainer
+        at_epoch_end = trainer.state.at_epoch_end
+        trainer.progress.pending_validation = not at_epoch_end
+        trainer.engine.sync()
+        self._call("on_validation_start")
+        metrics = run_evaluation(trainer, self.module, self.val, self.val_runner, self.val_batches, "val",
+                                 before_execution=self._check_for_preemption)
+        trainer.progress.pending_validation = False
+        trainer.log_metrics(metrics)
+        if at_epoch_end:
+            self.epoch_record.update(metrics)
+        trainer.state.validated_this_epoch = at_epoch_end
+        self._call("on_validation_end")
+
+    def _finished(self) -> bool:
+        return self.trainer.should_stop or self.trainer.schedule.finished(self.trainer.progress)
+
+    def _check_for_preemption(self, outputs: dict[str, np.ndarray] | None = None) -> None:
+        """Stop here when a preemption signal arrived.
+
+        With several workers the decision is the one every worker read from the last training
+        execution's all-reduce (`outputs`), so all stop after the same step and none waits
+        forever in a collective; elsewhere (between epochs, during validation) they go on.
+        """
+        received = self.signals.received
+        if not self.trainer.engine.multi_process:
+            if received is not None:
+                raise _PreemptionRequested(received)
+        elif outputs is not None and outputs[STOP][-1] > 0:
+            raise _PreemptionRequested(received if received is not None else signal.SIGTERM)
+
+    def _stop_for_preemption(self, signum: int) -> None:
+        """Save a checkpoint at the step reached (waiting for a save in flight), then raise Preempted."""
+        trainer = self.trainer
+        callback = trainer.checkpoint_callback
+        if trainer.is_global_zero:
+            saved = save_checkpoints_now(trainer, "preemption") or (
+                [callback.last_saved] if callback and callback.last_saved else [])
+        else:  # the chief saves, at the same step (every worker stopped after the same one)
+            saved = [f"{trainer.checkpoint_dir.url.rstrip('/')}/{checkpoint_name(trainer.global_step)}"] \
+                if callback else []
+        preempted = Preempted(signum, trainer.global_step, saved[0] if saved else None)
+        log.warning("%s Resume with ckpt_path='last'.", preempted)
+        raise preempted
+
+    def _finalize_ema(self) -> None:
+        """Put the moving averages into the weights, as Keras's fit does for an optimizer with `use_ema=True`.
+
+        After `on_train_end`, where the last checkpoint (raw weights and averages both, for an exact
+        resume) is saved; `on_fit_end` hooks and the caller see the averaged weights.
+        """
+        engine = self.trainer.engine
+        for rule in self.train_step.rules:
+            inner = getattr(rule.optimizer, "inner_optimizer", rule.optimizer)
+            if getattr(inner, "use_ema", False):
+                engine.sync()
+                inner.finalize_variable_values(rule.variables)
+                engine.reload()
+
+    def _log_hook_values(self) -> None:
+        """Log what the module logged from a Python hook (numbers), at once, at the current step."""
+        values = hook_values(self.module._take_logged())
+        if values:
+            self.trainer.log_metrics(values)
+            self.epoch_record.update(values)
+
+    def _call(self, hook: str, *args: Any) -> None:
+        call_hook(self.trainer.callbacks, hook, self.trainer, self.module, *args)
+
+
+def save_checkpoints_now(trainer: Any, reason: str) -> list[str]:
+    """Save through every ModelCheckpoint now and wait until each is committed; the URLs saved."""
+    saved = []
+    for callback in trainer.callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            callback.save(trainer, reason=reason)
+            callback.wait()
+            if callback.last_saved:
+                saved.append(callback.last_saved)
+    return saved
+
+
+def _batch_hooks_read_weights(callbacks: list) -> bool:
+    """Whether a user's callback (or a Keras callback) has batch hooks, which may read the weights: the engine
+    then syncs its state into the variables before them. ktrainer's own callbacks read none there."""
+    def may_read(callback: Callback) -> bool:
+        own = type(callback).__module__.startswith("ktrainer.callbacks.")
+        if own and not isinstance(callback, KerasCallback):
+            return False
+        return any(defines_hook(callback, hook, Callback) for hook in ("on_train_batch_start", "on_train_batch_end"))
+
+    return any(may_read(callback) for callback in callbacks)
+
+
+class _PreemptionRequested(Exception):  # noqa: N818 - a signal to unwind the loop, caught by run
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
