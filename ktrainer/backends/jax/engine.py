@@ -162,17 +162,18 @@ class JaxEngine(Engine):
                 for index, batch in enumerate(source.numpy_batches(0))]
 
     def training_flops(self, module: Any, global_batch_size: int) -> float | None:
-        """FLOPs of the compiled training step, from XLA's cost analysis of the lowered step."""
+        """FLOPs of the training step, from XLA's cost analysis of the lowered step.
+
+        The lowered module is analysed without compiling it (a second compile of a large step costs
+        seconds to minutes); only where that gives nothing is it compiled and the executable asked.
+        """
         step = self._step
         if step is None or step.batch_spec is None:
             return None
         big, small = step.read_state()
-        compiled = jax.jit(step).lower(big, small, self.place_spec(step.batch_spec), jnp.int32(0)).compile()
-        analysis = compiled.cost_analysis()
-        if isinstance(analysis, list | tuple):
-            analysis = analysis[0] if analysis else {}
-        flops = (analysis or {}).get("flops")
-        return float(flops) if flops and flops > 0 else None
+        lowered = jax.jit(step).lower(big, small, self.place_spec(step.batch_spec), jnp.int32(0))
+        flops = _flops_of(lowered.cost_analysis()) or _flops_of(lowered.compile().cost_analysis())
+        return flops
 
     def place_spec(self, spec: Any) -> Any:
         """Shape specs of a global batch, with the sharding `place` gives it."""
@@ -303,3 +304,11 @@ def _capability(device: Any) -> tuple[int, int]:
         return int(major), int(minor)
     except ValueError:
         return 0, 0
+
+
+def _flops_of(analysis: Any) -> float | None:
+    """The "flops" entry of a JAX cost analysis (a dict, or a list of one per device), when positive."""
+    if isinstance(analysis, list | tuple):
+        analysis = analysis[0] if analysis else {}
+    flops = (analysis or {}).get("flops")
+    return float(flops) if flops and flops > 0 else None
