@@ -194,7 +194,7 @@ class FsspecCheckpointIO:
                 for chunk in _chunks(content):
                     handle.write(chunk)
                     checksum.update(chunk)
-                    size += len(chunk) if isinstance(chunk, bytes) else chunk.nbytes
+                    size += memoryview(chunk).nbytes  # bytes, bytearray, memoryview or a contiguous numpy array
                 if self.fsync:
                     handle.flush()
                     os.fsync(handle.fileno())

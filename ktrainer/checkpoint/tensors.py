@@ -10,6 +10,7 @@ numpy views of the bytes read. (The same idea as safetensors, with no extra depe
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -127,6 +128,8 @@ def _checked_entry(name: str, entry: Any) -> tuple[np.dtype, list[int], int, int
         dtype = dtype_from_name(str(entry["dtype"])).newbyteorder("<")
     except (KeyError, TypeError):
         raise ValueError(f"tensor file index entry {name!r} has no usable dtype") from None
+    if dtype.itemsize == 0 or dtype.hasobject:  # no fixed-size numbers: nothing a checkpoint writes
+        raise ValueError(f"tensor file index entry {name!r} has dtype {entry['dtype']!r}, which holds no numbers")
     shape, offset, nbytes = entry.get("shape"), entry.get("offset"), entry.get("nbytes")
     counts = shape if isinstance(shape, list) else []
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
@@ -135,6 +138,6 @@ def _checked_entry(name: str, entry: Any) -> tuple[np.dtype, list[int], int, int
     for label, value in (("offset", offset), ("nbytes", nbytes)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"tensor file index entry {name!r} has a bad {label} {value!r}")
-    if nbytes != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+    if nbytes != math.prod(shape) * dtype.itemsize:  # Python ints: a crafted shape cannot overflow
         raise ValueError(f"tensor file index entry {name!r} declares {nbytes} bytes for shape {shape} of {dtype}")
     return dtype, shape, offset, nbytes
