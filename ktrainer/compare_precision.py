@@ -11,7 +11,6 @@ import logging
 import math
 import multiprocessing
 import pickle
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -20,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from ktrainer.backends.tensorflow.memory import peak_memory, reset_peak_memory
 from ktrainer.callbacks import Callback
 from ktrainer.checks import check_bool, check_int
 from ktrainer.fs import Location
@@ -167,28 +165,13 @@ def _run(make_module: Callable[[], Module], precision: str, steps: int, warmup: 
     trainer = Trainer(precision=precision, max_steps=steps, steps_per_execution=1, log_every_n_steps=1,
                       limit_val_batches=0, logger=logger, callbacks=[timer], enable_checkpointing=False,
                       **trainer_kwargs)
-    reset_peak_memory()
+    trainer.engine.reset_peak_memory()
     trainer.fit(make_module())
-    peak, measure = _peak_memory()
+    peak, measure = trainer.engine.peak_memory()
     timed = len(timer.times) - 1 - warmup
     speed = timed / (timer.times[-1] - timer.times[warmup]) if timed > 0 else float("nan")
     return RunRecord(precision, timer.losses, speed, trainer.skipped_steps, peak, measure,
                      logger.log_dir if logger else None)
-
-
-def _peak_memory() -> tuple[int | None, str]:
-    # On Linux, /proc's VmHWM (`peak_memory`), not getrusage's ru_maxrss: a spawned child's ru_maxrss starts
-    # at its parent's peak (the kernel carries it across exec), VmHWM at its own. getrusage where /proc is
-    # missing (macOS, in bytes there).
-    peak, measure = peak_memory()
-    if peak is None:
-        try:
-            import resource
-        except ImportError:
-            return peak, measure
-        scale = 1 if sys.platform == "darwin" else 1024
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "process peak RSS (getrusage)"
-    return peak, measure
 
 
 class _CannotIsolate(Exception):

@@ -58,6 +58,7 @@ class Explodes(DemoClassifier):
         return super().training_step(batch) + 1e-12 * penalty
 
 
+@pytest.mark.both_backends  # and so compare-precision runs on JAX without TensorFlow
 def test_a_precision_that_breaks_is_diverges():
     result = kt.compare_precision(Explodes, "16-mixed", steps=20, root=None, batch_size=32, isolate=False)
     assert result.non_finite_steps > 0

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from ktrainer.memory import process_peak, reset_process_peak
 from ktrainer.precision.advice import Accelerators
 
 __all__ = ["Engine", "Runner"]
@@ -103,6 +104,15 @@ class Engine:
     def training_flops(self, module: Any, global_batch_size: int) -> float | None:
         """FLOPs of one training step over a global batch; None when they cannot be counted."""
         return None
+
+    def reset_peak_memory(self) -> None:
+        """Start measuring a new memory peak (`peak_memory`)."""
+        reset_process_peak()
+
+    def peak_memory(self) -> tuple[int | None, str]:
+        """The peak memory since `reset_peak_memory`, in bytes (None where unavailable), and what was measured:
+        the first accelerator's allocator where the engine can read it, else the process's peak RSS."""
+        return process_peak()
 
     # ----- state -----------------------------------------------------------------------------------
 

@@ -175,6 +175,15 @@ class JaxEngine(Engine):
         flops = _flops_of(lowered.cost_analysis()) or _flops_of(lowered.compile().cost_analysis())
         return flops
 
+    def peak_memory(self) -> tuple[int | None, str]:
+        """The first GPU's allocator peak since the process started (JAX cannot reset it: a run measured alone
+        runs in a process of its own, as compare_precision's do), or the process's peak RSS."""
+        gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+        stats = gpus[0].memory_stats() if gpus else None
+        if stats and "peak_bytes_in_use" in stats:
+            return int(stats["peak_bytes_in_use"]), f"{gpus[0].device_kind} allocator peak"
+        return super().peak_memory()
+
     def place_spec(self, spec: Any) -> Any:
         """Shape specs of a global batch, with the sharding `place` gives it."""
         def sharded(each: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from ktrainer.backends.engine import Engine, Runner
-from ktrainer.backends.tensorflow import flops, hardware
+from ktrainer.backends.tensorflow import flops, hardware, memory
 from ktrainer.backends.tensorflow.steps import CompiledSteps, compile_predict_step, discover_outputs
 from ktrainer.backends.tensorflow.train_step import TrainStep
 from ktrainer.precision.advice import Accelerators
@@ -98,6 +98,14 @@ class TensorFlowEngine(Engine):
     def training_flops(self, module: Any, global_batch_size: int) -> float | None:
         """Counted statically from the traced forward graph (x3 for the backward pass)."""
         return flops.training_flops(module.model, global_batch_size)
+
+    def reset_peak_memory(self) -> None:
+        """Reset the first GPU's allocator statistics, or the process's high-water mark."""
+        memory.reset_peak_memory()
+
+    def peak_memory(self) -> tuple[int | None, str]:
+        """The first GPU's allocator peak, or the process's peak RSS."""
+        return memory.peak_memory()
 
     def request_stop(self, step: TrainStep) -> None:
         """Set this worker's stop flag: every worker reads the sum in the next execution's all-reduce."""

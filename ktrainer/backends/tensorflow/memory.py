@@ -1,10 +1,10 @@
-"""Peak memory of a stretch of work: the accelerator's allocator peak, or the process's peak RSS on CPU."""
+"""Peak memory on TensorFlow: the first GPU's allocator peak, else the process's peak RSS."""
 
 from __future__ import annotations
 
-import re
-
 import tensorflow as tf
+
+from ktrainer.memory import process_peak, reset_process_peak
 
 __all__ = ["reset_peak_memory", "peak_memory"]
 
@@ -14,16 +14,12 @@ def _first_gpu() -> str | None:
 
 
 def reset_peak_memory() -> None:
-    """Start a new peak: the GPU allocator's statistics, or the process's high-water mark (Linux)."""
+    """Start a new peak: the GPU allocator's statistics, or the process's high-water mark."""
     gpu = _first_gpu()
     if gpu is not None:
         tf.config.experimental.reset_memory_stats(gpu)
         return
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")  # resets VmHWM, the peak resident set size, to the current size
-    except OSError:
-        pass
+    reset_process_peak()
 
 
 def peak_memory() -> tuple[int | None, str]:
@@ -31,11 +27,4 @@ def peak_memory() -> tuple[int | None, str]:
     gpu = _first_gpu()
     if gpu is not None:
         return int(tf.config.experimental.get_memory_info(gpu)["peak"]), f"{gpu} allocator peak"
-    try:
-        with open("/proc/self/status") as handle:
-            match = re.search(r"VmHWM:\s+(\d+) kB", handle.read())
-    except OSError:
-        match = None
-    if match is None:
-        return None, "unavailable on this platform"
-    return int(match.group(1)) * 1024, "process peak RSS"
+    return process_peak()
