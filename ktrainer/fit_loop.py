@@ -7,6 +7,7 @@ execution, and is the only place that calls the training hooks.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
 import time
@@ -143,23 +144,26 @@ class FitLoop:
     def _account(self, outputs: dict[str, np.ndarray], metrics: EpochMetrics) -> dict[str, float]:
         """Advance Progress over one execution's steps, log the steps the Schedule picks; the last step's metrics."""
         trainer, progress = self.trainer, self.trainer.progress
-        ran = len(outputs[APPLIED])
         metrics.add(outputs)
-        stepped = outputs[APPLIED].astype(bool)
-        steps_after = progress.global_step + np.cumsum(stepped)
-        skips_after = progress.skipped_steps + np.cumsum(outputs[SKIPPED].astype(np.int64))
+        # Python lists: for the one or few steps of an execution, numpy's per-call cost is most of the work.
+        stepped = [bool(each) for each in outputs[APPLIED].tolist()]
+        skipped = [int(each) for each in outputs[SKIPPED].tolist()]
+        ran = len(stepped)
+        steps_after = list(itertools.accumulate(stepped, initial=progress.global_step))[1:]
+        skips_after = list(itertools.accumulate(skipped, initial=progress.skipped_steps))[1:]
         log_at = trainer.schedule.log_indices(stepped, steps_after)
         running = metric_object_values(self.module, "train", epoch=False)  # their result after this execution
         for index in log_at:
-            progress.global_step = int(steps_after[index])
-            extra = {SKIPPED_STEPS: int(skips_after[index])} if trainer.precision.loss_scaling else {}
+            progress.global_step = steps_after[index]
+            extra = {SKIPPED_STEPS: skips_after[index]} if trainer.precision.loss_scaling else {}
             trainer.log_metrics({**metrics.step_metrics(outputs, index), **running, **extra})
         trainer.state.logged_step_in_last_execution = len(log_at) > 0
-        progress.global_step = int(steps_after[-1])
-        progress.skipped_steps = int(skips_after[-1])
+        progress.global_step = steps_after[-1]
+        progress.skipped_steps = skips_after[-1]
         progress.batch_in_epoch += ran
         scale = outputs.get(LOSS_SCALE)
-        trainer.precision.watch(outputs[SKIPPED][stepped], None if scale is None else float(scale[-1]))
+        trainer.precision.watch([flag for flag, ended in zip(skipped, stepped, strict=True) if ended],
+                                None if scale is None else float(scale[-1]))
         step_metrics = {**metrics.step_metrics(outputs, ran - 1), **running}
         trainer.reporter.remember(step_metrics, metrics.prog_bar_names())
         return step_metrics

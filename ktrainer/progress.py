@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +32,12 @@ class RunningSums:
 
     def add(self, values: dict[str, np.ndarray], sizes: np.ndarray) -> None:
         """Add the per-step `values` of several steps whose batch sizes are `sizes`."""
-        sizes = sizes.astype(np.float64)
+        sizes = [float(size) for size in sizes.tolist()]  # Python floats: a few steps' numpy calls cost more
         self.steps += len(sizes)
-        self.examples += float(sizes.sum())
+        self.examples += sum(sizes)
         for name, per_step in values.items():
-            self.sums[name] = self.sums.get(name, 0.0) + float(np.dot(per_step.astype(np.float64), sizes))
+            self.sums[name] = self.sums.get(name, 0.0) + math.fsum(
+                value * size for value, size in zip(per_step.tolist(), sizes, strict=True))
 
     def means(self) -> dict[str, float]:
         """name -> mean over the examples seen (empty before any example)."""

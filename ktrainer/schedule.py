@@ -6,9 +6,8 @@ plain Python over plain numbers, so each is tested on its own (tests/test_schedu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from ktrainer.progress import Progress
 
@@ -90,7 +89,9 @@ class Schedule:
         every = self.check_val_every_n_epoch
         return every is not None and (progress.epoch + 1) % every == 0
 
-    def log_indices(self, stepped: np.ndarray, steps_after: np.ndarray) -> np.ndarray:
+    def log_indices(self, stepped: Sequence[bool], steps_after: Sequence[int]) -> list[int]:
         """Of one execution's batches, those that end at a log step: an optimizer step taken, at a multiple
         of `log_every_n_steps` (`stepped`: whether each batch ended a step; `steps_after`: the step count then)."""
-        return np.flatnonzero(stepped & (steps_after % self.log_every_n_steps == 0))
+        every = self.log_every_n_steps
+        return [index for index, (ended, step) in enumerate(zip(stepped, steps_after, strict=True))
+                if ended and step % every == 0]

@@ -70,4 +70,4 @@ def test_log_steps_are_the_taken_steps_at_multiples_of_the_interval():
     schedule = Schedule(max_epochs=1, max_steps=None, batches_per_epoch=None, log_every_n_steps=2)
     stepped = np.array([True, False, True, True, False, True])  # accumulation: some batches end no step
     steps_after = np.array([1, 1, 2, 3, 3, 4])
-    assert schedule.log_indices(stepped, steps_after).tolist() == [2, 5]
+    assert schedule.log_indices(stepped, steps_after) == [2, 5]

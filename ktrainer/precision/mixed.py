@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import keras
-import numpy as np
 
 from ktrainer.checks import check_choice, check_int
 from ktrainer.precision.base import Precision
@@ -73,7 +73,7 @@ class MixedPrecision(Precision):
         """The inner optimizer under "16-mixed": the gradients reaching it are already unscaled."""
         return optimizer.inner_optimizer if self.loss_scaling else optimizer
 
-    def watch(self, skipped: np.ndarray, loss_scale: float | None) -> None:
+    def watch(self, skipped: Sequence[int], loss_scale: float | None) -> None:
         """Check the steps just run for a stall (Python, between compiled calls).
 
         Args:
