@@ -80,7 +80,7 @@ class KerasEpochTimes(keras.callbacks.Callback):
 def run_trainer(data, args, spe) -> list[float]:
     timer = EpochTimes()
     trainer = kt.Trainer(max_epochs=args.epochs, batch_size=args.batch_size, steps_per_execution=spe, seed=0,
-                         logger=False, enable_progress_bar=False, callbacks=[timer])
+                         logger=False, enable_progress_bar=False, enable_checkpointing=False, callbacks=[timer])
     trainer.fit(BenchModule(), train_data=data)
     return timer.times
 
