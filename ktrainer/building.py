@@ -38,11 +38,11 @@ def build_model(module: Any, precision: Any, float32_layers: list, engine: Any) 
     """Set the precision policy, and build the module's model in the engine's scope (unless it has one).
 
     The output dtype is checked afterwards: a model that ends in float16 under mixed precision is
-    an error (its loss would be computed in half precision).
+    warned about, naming the layer to create with dtype="float32".
 
     Raises:
-        TypeError: When `build()` returns something other than a keras.Model.
-        ValueError: When layers were created outside `build()`, or the output is not float32.
+        TypeError: When `build()` returns something other than a keras.Model, or layers were created
+            outside `build()`.
     """
     check_layers_created_in_build(module)
     keras.config.set_dtype_policy(precision.policy)

@@ -40,7 +40,10 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def scale_learning_rate(optimizer: Any, scaling: str | None, replicas: int) -> float:
-    """Multiply the optimizer's learning rate (a float or a schedule) for `replicas` replicas.
+    """Multiply the optimizer's learning rate (a float, a schedule or a function) for `replicas` replicas.
+
+    The factor is remembered on the optimizer: an optimizer a module returns again on a second fit
+    is scaled from its own rate, not scaled twice.
 
     Args:
         optimizer: The optimizer (a LossScaleOptimizer's inner optimizer is scaled).
@@ -51,12 +54,33 @@ def scale_learning_rate(optimizer: Any, scaling: str | None, replicas: int) -> f
         The factor applied.
     """
     factor = {None: 1.0, "sqrt": math.sqrt(replicas), "linear": float(replicas)}[scaling]
-    if factor == 1.0:
-        return factor
     inner = getattr(optimizer, "inner_optimizer", optimizer)
+    previous = getattr(inner, _APPLIED, 1.0)
+    if factor == previous:
+        return factor
     rate = inner._learning_rate
-    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        inner.learning_rate = ScaledSchedule(rate, factor)
+    if isinstance(rate, ScaledSchedule | _ScaledFunction) and previous != 1.0:
+        rate = rate.schedule if isinstance(rate, ScaledSchedule) else rate.function
+        scaled = rate if factor == 1.0 else type(inner._learning_rate)(rate, factor)
+    elif isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
+        scaled = ScaledSchedule(rate, factor)
+    elif callable(rate):
+        scaled = _ScaledFunction(rate, factor)
     else:
-        inner.learning_rate = float(keras.ops.convert_to_numpy(rate)) * factor
+        scaled = float(keras.ops.convert_to_numpy(rate)) / previous * factor
+    inner.learning_rate = scaled
+    setattr(inner, _APPLIED, factor)
     return factor
+
+
+_APPLIED = "_ktrainer_lr_factor"
+
+
+class _ScaledFunction:
+    """A learning rate given as a function of no arguments (Keras allows it), multiplied by a factor."""
+
+    def __init__(self, function: Any, factor: float) -> None:
+        self.function, self.factor = function, float(factor)
+
+    def __call__(self) -> Any:
+        return self.function() * self.factor

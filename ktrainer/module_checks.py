@@ -72,7 +72,8 @@ def check_training_steps(batches: int | None, examples: int | None, batch_size: 
     if batches != 0:
         return
     global_batch = batch_size * replicas
-    sizes = f"global batch {global_batch} (batch_size={batch_size} per device x {replicas} replicas)"
+    sizes = f"global batch {global_batch} (batch_size={batch_size} per device x {replicas} " \
+            f"replica{'s' if replicas != 1 else ''})"
     if examples is None:  # a dataset: found out when its first epoch yielded nothing
         raise ValueError(
             f"{what} yielded no batch in an epoch: it is empty (check filters and takes; an iterator is used up "

@@ -19,12 +19,13 @@ __all__ = ["capture_random_state", "restore_random_state"]
 
 def capture_random_state() -> dict[str, Any]:
     """Every global random generator's state, as JSON values."""
+    keras_state = keras_seed_state()  # first: Keras seeds a generator it creates from Python's `random`
     numpy_state = np.random.get_state()
     version, internal, gauss = random.getstate()
     state = {
         "python": [version, list(internal), gauss],
         "numpy": [numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]],
-        "keras": np.asarray(keras_seed_state()).tolist(),
+        "keras": np.asarray(keras_state).tolist(),
     }
     if _on_tensorflow():
         import tensorflow as tf
@@ -35,6 +36,7 @@ def capture_random_state() -> dict[str, Any]:
 
 def restore_random_state(state: dict[str, Any]) -> None:
     """Put back what `capture_random_state` returned."""
+    generator = keras_seed_state()  # before Python's state is set: creating it draws from `random`
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, *rest = state["numpy"]
@@ -43,7 +45,6 @@ def restore_random_state(state: dict[str, Any]) -> None:
         import tensorflow as tf
 
         tf.random.get_global_generator().state.assign(np.array(state["tensorflow"], dtype=np.int64))
-    generator = keras_seed_state()
     generator.assign(np.array(state["keras"], dtype=generator.dtype))
 
 
