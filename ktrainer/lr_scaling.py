@@ -58,19 +58,28 @@ def scale_learning_rate(optimizer: Any, scaling: str | None, replicas: int) -> f
     previous = getattr(inner, _APPLIED, 1.0)
     if factor == previous:
         return factor
-    rate = inner._learning_rate
-    if isinstance(rate, ScaledSchedule | _ScaledFunction) and previous != 1.0:
-        rate = rate.schedule if isinstance(rate, ScaledSchedule) else rate.function
-        scaled = rate if factor == 1.0 else type(inner._learning_rate)(rate, factor)
+    rate = _unscaled(inner._learning_rate, previous)
+    if factor == 1.0:
+        inner.learning_rate = rate
     elif isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        scaled = ScaledSchedule(rate, factor)
+        inner.learning_rate = ScaledSchedule(rate, factor)
     elif callable(rate):
-        scaled = _ScaledFunction(rate, factor)
+        inner.learning_rate = _ScaledFunction(rate, factor)
     else:
-        scaled = float(keras.ops.convert_to_numpy(rate)) / previous * factor
-    inner.learning_rate = scaled
+        inner.learning_rate = rate * factor
     setattr(inner, _APPLIED, factor)
     return factor
+
+
+def _unscaled(rate: Any, factor: float) -> Any:
+    """The rate before an earlier scaling by `factor` (1.0: never scaled); a float rate as a Python float."""
+    if factor != 1.0 and isinstance(rate, ScaledSchedule):
+        return rate.schedule
+    if factor != 1.0 and isinstance(rate, _ScaledFunction):
+        return rate.function
+    if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) or callable(rate):
+        return rate
+    return float(keras.ops.convert_to_numpy(rate)) / factor
 
 
 _APPLIED = "_ktrainer_lr_factor"

@@ -11,7 +11,8 @@ from ktrainer.module import LogOptions
 from ktrainer.progress import RunningSums
 from ktrainer.step_outputs import APPLIED, BATCH_SIZE, SKIPPED, STOP
 
-__all__ = ["EpochMetrics", "metric_names", "metric_object_values", "reset_metric_objects", "hook_values"]
+__all__ = ["EpochMetrics", "metric_names", "metric_objects", "metric_object_values", "reset_metric_objects",
+           "hook_values"]
 
 _PRIVATE = (BATCH_SIZE, APPLIED, SKIPPED, STOP)
 
@@ -98,7 +99,7 @@ def metric_object_values(module: Any, stage: str, *, epoch: bool) -> dict[str, f
         ValueError: For a metric whose result is not a scalar.
     """
     values = {}
-    for name, metric in module._metric_objects.get(stage, {}).items():
+    for name, metric in metric_objects(module, stage).items():
         step_name, epoch_name = metric_names(name, module._log_options[name])
         logged = epoch_name if epoch else step_name
         if logged is None:
@@ -113,9 +114,14 @@ def metric_object_values(module: Any, stage: str, *, epoch: bool) -> dict[str, f
     return values
 
 
+def metric_objects(module: Any, stage: str) -> dict[str, Any]:
+    """The Keras metric objects `module` logged in `stage` ("train", "val", "test"), by logged name."""
+    return module._metric_objects.get(stage, {})
+
+
 def reset_metric_objects(module: Any, stage: str) -> None:
     """Reset the Keras metric objects `module` logged in `stage` (at the start of an epoch or evaluation)."""
-    for metric in module._metric_objects.get(stage, {}).values():
+    for metric in metric_objects(module, stage).values():
         metric.reset_state()
 
 

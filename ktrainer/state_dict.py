@@ -7,6 +7,7 @@ from typing import Any
 
 from ktrainer.checkpoint.variables import assign_all, keyed, mismatches, refuse_mismatches
 from ktrainer.components import adopt_class_keys, check_global_batch, check_keys, unique_keys
+from ktrainer.metrics import metric_objects
 from ktrainer.random_state import capture_random_state, restore_random_state
 
 __all__ = ["trainer_state_dict", "load_trainer_state_dict", "optimizer_variables"]
@@ -31,7 +32,7 @@ def trainer_state_dict(trainer: Any, module: Any, train_step: Any) -> dict[str, 
         "callbacks": {key: cb.state_dict() for key, cb in unique_keys(trainer.callbacks).items()},
         "loggers": {key: lg.state_dict() for key, lg in unique_keys(trainer.reporter.writing_loggers).items()},
         "precision": trainer.precision.state_dict(),
-        "metrics": {name: list(metric.variables) for name, metric in _train_metrics(module).items()},
+        "metrics": {name: list(metric.variables) for name, metric in metric_objects(module, "train").items()},
         "run": {"run_id": trainer.run.run_id, "lineage": list(trainer.run.lineage), "parent": trainer.run.parent,
                 "global_batch_size": trainer.global_batch_size, "precision": trainer.precision.name,
                 "hparams": _jsonable(module.hparams), "shuffle": trainer.shuffle},
@@ -67,7 +68,7 @@ def load_trainer_state_dict(trainer: Any, module: Any, train_step: Any, state: d
             if key in saved[section]:
                 component.load_state_dict(saved[section][key])
     trainer.precision.load_state_dict(state.get("precision", {}))
-    for name, metric in _train_metrics(module).items():
+    for name, metric in metric_objects(module, "train").items():
         saved_metric = state.get("metrics", {}).get(name)
         if saved_metric is not None and len(saved_metric) == len(metric.variables):
             for variable, value in zip(metric.variables, saved_metric, strict=True):
@@ -76,11 +77,6 @@ def load_trainer_state_dict(trainer: Any, module: Any, train_step: Any, state: d
     trainer.engine.reload()
     if state["run"]["precision"] != trainer.precision.name:
         log.warning("Resuming a %s checkpoint under precision=%r.", state["run"]["precision"], trainer.precision.name)
-
-
-def _train_metrics(module: Any) -> dict[str, Any]:
-    """The metric objects the module logged in training_step, by name: their running state is part of a run's."""
-    return module._metric_objects.get("train", {})
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ktrainer.backends.engine import Engine, Runner
 from ktrainer.backends.jax.train_step import JaxTrainStep, current_values, stateless_values, tracing_scope
 from ktrainer.hooks import call_step_hook, traced_batch_index
+from ktrainer.metrics import metric_objects
 from ktrainer.precision.advice import Accelerators
 from ktrainer.step_outputs import STOP, EvalStep
 
@@ -83,7 +84,7 @@ class JaxEngine(Engine):
 
     def device_name(self) -> str | None:
         """The first GPU's name (e.g. "NVIDIA H200")."""
-        gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+        gpus = _local_gpus()
         return gpus[0].device_kind if gpus else None
 
     def tf32_enabled(self) -> bool:
@@ -172,13 +173,12 @@ class JaxEngine(Engine):
             return None
         big, small = step.read_state()
         lowered = jax.jit(step).lower(big, small, self.place_spec(step.batch_spec), jnp.int32(0))
-        flops = _flops_of(lowered.cost_analysis()) or _flops_of(lowered.compile().cost_analysis())
-        return flops
+        return _flops_of(lowered.cost_analysis()) or _flops_of(lowered.compile().cost_analysis())
 
     def peak_memory(self) -> tuple[int | None, str]:
         """The first GPU's allocator peak since the process started (JAX cannot reset it: a run measured alone
         runs in a process of its own, as compare_precision's do), or the process's peak RSS."""
-        gpus = [d for d in jax.local_devices() if d.platform == "gpu"]
+        gpus = _local_gpus()
         stats = gpus[0].memory_stats() if gpus else None
         if stats and "peak_bytes_in_use" in stats:
             return int(stats["peak_bytes_in_use"]), f"{gpus[0].device_kind} allocator peak"
@@ -279,7 +279,7 @@ class _EvalRunner(Runner):
         with engine.scope(), tracing_scope(module):
             self.keys = list(jax.eval_shape(step, spec))
         self.variables = list(model.trainable_variables) + list(model.non_trainable_variables)
-        self.metric_variables = [v for metric in module._metric_objects.get(step.prefix, {}).values()
+        self.metric_variables = [v for metric in metric_objects(module, step.prefix).values()
                                  for v in metric.variables]
         self._compiled = jax.jit(self._step)
 
@@ -304,6 +304,11 @@ class _EvalRunner(Runner):
         if not rows:
             return {key: np.zeros((0,), np.float32) for key in self.keys}
         return dict(zip(self.keys, np.stack(rows).T, strict=True))
+
+
+def _local_gpus() -> list[Any]:
+    """This process's GPUs, in JAX's order."""
+    return [device for device in jax.local_devices() if device.platform == "gpu"]
 
 
 def _capability(device: Any) -> tuple[int, int]:

@@ -37,6 +37,7 @@ import keras
 from ktrainer.accumulation import groups_mismatch
 from ktrainer.backends.jax.update_rule import JaxUpdateRule
 from ktrainer.hooks import NO_UPDATE, call_step_hook, loss_from_return, traced_batch_index, wrapped_optimizer
+from ktrainer.metrics import metric_objects
 from ktrainer.module import LogOptions
 from ktrainer.step_outputs import (
     APPLIED,
@@ -141,7 +142,7 @@ class JaxTrainStep:
             rule.build()
         self.positions = [[_index(self.trainable, v) for v in rule.variables] for rule in self.rules]
         self.non_trainable = list(model.non_trainable_variables)
-        self.metric_variables = [v for metric in self.module._metric_objects.get("train", {}).values()
+        self.metric_variables = [v for metric in metric_objects(self.module, "train").values()
                                  for v in metric.variables]
 
     def output_keys(self, logged: Sequence[str]) -> list[str]:
