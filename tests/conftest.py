@@ -18,12 +18,16 @@ if ON_JAX:  # the logical devices the multi-device tests ask for, before JAX sta
 
 def pytest_collection_modifyitems(config, items):
     """On TensorFlow, start the JAX session beside this one and check its results last; on JAX (that session),
-    run only the promises both engines keep. tests/backends/jax_session.py says more."""
+    run only the promises both engines keep and the JAX engine's own tests. tests/backends/jax_session.py says more."""
     if ON_JAX:
-        kept = [item for item in items
-                if item.get_closest_marker("both_backends") and not item.get_closest_marker("tensorflow_only")]
+        kept = [item for item in items if item.get_closest_marker("jax_only") or (
+            item.get_closest_marker("both_backends") and not item.get_closest_marker("tensorflow_only"))]
+    else:
+        kept = [item for item in items if not item.get_closest_marker("jax_only")]
+    if len(kept) < len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = kept
+    if ON_JAX:
         return
     on_jax = [item for item in items if item.path.name == "test_shared_on_jax.py"]
     if on_jax:

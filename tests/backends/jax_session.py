@@ -20,13 +20,13 @@ import pytest
 from tests.backends.runs import NO_TENSORFLOW
 
 ROOT = Path(__file__).parents[2]
-MARKS = ("pytestmark = pytest.mark.both_backends", "@pytest.mark.both_backends")
+MARKS = ("pytestmark = pytest.mark.both_backends", "@pytest.mark.both_backends", "pytestmark = pytest.mark.jax_only")
 STASH = pytest.StashKey["JaxSession"]()  # where the TensorFlow session keeps the one it started
 TIMEOUT_S = 1800  # the whole JAX session; it takes a few minutes on 2 loaded cores
 
 
 def shared_files() -> list[str]:
-    """Test files (relative to the repository root) holding at least one both_backends test."""
+    """Test files (relative to the repository root) holding at least one both_backends or jax_only test."""
     return [str(path.relative_to(ROOT)) for path in sorted((ROOT / "tests").rglob("test_*.py"))
             if any(mark in path.read_text() for mark in MARKS)]
 
