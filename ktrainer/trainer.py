@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -13,9 +13,9 @@ import numpy as np
 
 from ktrainer.backends import make_engine, plan_devices
 from ktrainer.building import build_model, build_optimizers
+from ktrainer.call_scope import call_scope
 from ktrainer.callbacks import Callback, ModelCheckpoint
-from ktrainer.checkpoint.resume import Resumable, check_ckpt_path, find_checkpoint
-from ktrainer.checkpoint.variables import assign_all, mismatches, refuse_mismatches
+from ktrainer.checkpoint.resume import Resumable, check_ckpt_path, find_checkpoint, load_model_weights
 from ktrainer.checks import (
     check_bool,
     check_choice,
@@ -35,7 +35,7 @@ from ktrainer.fit_loop import FitLoop, save_checkpoints_now
 from ktrainer.fs import Location
 from ktrainer.history import History
 from ktrainer.loggers import Logger
-from ktrainer.logs import quietly, show_events
+from ktrainer.logs import show_events
 from ktrainer.loop_state import TrainerState
 from ktrainer.lr_scaling import LR_SCALINGS
 from ktrainer.module import Module
@@ -486,7 +486,7 @@ class Trainer:
             limit = self.limit_val_batches if prefix == "val" else None
             runner = self.engine.eval_runner(module, source, hook, prefix)  # a subclassed model is built by now
             if ckpt_path:
-                self._load_model_weights(module, ckpt_path)
+                load_model_weights(ckpt_path, self.checkpoint_dir, self.storage_options, module.model)
             self._call(f"on_{kind}_start", module)
             metrics = run_evaluation(self, module, source, runner, batches_per_epoch(source, limit), prefix)
             self.log_metrics(metrics)
@@ -494,54 +494,11 @@ class Trainer:
             self._call(f"on_{kind}_end", module)
         return metrics
 
-    def _load_model_weights(self, module: Module, ckpt_path: str) -> None:
-        """The model weights of a checkpoint, for validate/test (the optimizer and the run are not touched)."""
-        resumed = find_checkpoint(ckpt_path, self.checkpoint_dir, self.storage_options)
-        if resumed is None:
-            raise ValueError(f"ckpt_path={ckpt_path!r}: there is no checkpoint under {self.checkpoint_dir.url} yet.")
-        refuse_mismatches(mismatches("model", resumed.state["model"], module.model.variables), "this model")
-        assign_all(resumed.state["model"], module.model.variables)
-        log.info("Evaluating the weights of %s (step %d).", resumed.info.url, resumed.state["progress"]["global_step"])
-
     # ----- set-up and tear-down ---------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _run(self, stage: str, module: Module) -> Iterator[None]:
-        """Everything around one fit/validate/test/predict call, including the error path."""
-        previous_policy = keras.config.dtype_policy()
-        self.state = TrainerState(stage=stage)
-        self.should_stop, self.stop_reason = False, None
-        module.trainer = self
+    def _run(self, stage: str, module: Module) -> contextlib.AbstractContextManager[None]:
         self._module = module
-        status = "success"
-        try:
-            self.engine.start()
-            if stage == "fit":
-                self.precision.reset()
-                if self.seed is not None:
-                    keras.utils.set_random_seed(self.seed)
-            module.setup(stage)
-            self._call("setup", module, stage)
-            yield
-        except BaseException as error:
-            status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-            for callback in self.callbacks:
-                quietly(callback.on_exception, self, module, error)
-            raise
-        finally:
-            try:
-                for each in self.reporter.writing_loggers:
-                    if status == "success":
-                        each.finalize(status)
-                    else:
-                        quietly(each.finalize, status)
-                for callback in self.callbacks:
-                    quietly(callback.teardown, self, module, stage)
-                quietly(module.teardown, stage)
-            finally:
-                quietly(self.engine.sync)
-                keras.config.set_dtype_policy(previous_policy)
-                self.state.stage = ""
+        return call_scope(self, stage, module)
 
     def _build(self, module: Module, *, with_optimizer: bool) -> None:
         """Set the precision policy, build the model in the engine's scope, and (for fit) its optimizers."""

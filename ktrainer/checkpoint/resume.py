@@ -10,6 +10,7 @@ changed. A specific URI that fails is an error.
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import warnings
 from dataclasses import dataclass
@@ -20,9 +21,12 @@ from ktrainer.checkpoint.format1 import upgrade
 from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
 from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
 from ktrainer.checkpoint.snapshot import from_files
+from ktrainer.checkpoint.variables import assign_all, mismatches, refuse_mismatches
 from ktrainer.fs import Location
 
-__all__ = ["ALIASES", "Resumable", "check_ckpt_path", "find_checkpoint", "split_checkpoint_url"]
+__all__ = ["ALIASES", "Resumable", "check_ckpt_path", "find_checkpoint", "load_model_weights", "split_checkpoint_url"]
+
+log = logging.getLogger("ktrainer")
 
 ALIASES = ("last", "best")
 
@@ -112,6 +116,26 @@ def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: d
     except (ValueError, KeyError) as error:
         raise CheckpointError(f"{info.url} cannot be read: {error}.") from None
     return Resumable(info, state, directory.join(info.name).canonical_url)
+
+
+def load_model_weights(ckpt_path: str, checkpoint_dir: Location, storage_options: dict[str, Any],
+                       model: Any) -> None:
+    """Assign the model weights of the checkpoint `ckpt_path` names to `model` (for validate/test: the optimizer
+    and the run are not touched), every variable checked before any is assigned.
+
+    Raises:
+        ValueError: When there is no checkpoint yet, or its variables do not fit the model (nothing is assigned).
+        CheckpointError: As `find_checkpoint`.
+    """
+    with warnings.catch_warnings():  # "starting a new run" is fit's reading of an empty directory, not ours
+        warnings.simplefilter("ignore", UserWarning)
+        resumed = find_checkpoint(ckpt_path, checkpoint_dir, storage_options)
+    if resumed is None:
+        raise ValueError(f"ckpt_path={ckpt_path!r}: there is no checkpoint under {checkpoint_dir.url} yet. Train "
+                         "with this default_root_dir first, or pass a checkpoint's path or URI.")
+    refuse_mismatches(mismatches("model", resumed.state["model"], model.variables), "this model")
+    assign_all(resumed.state["model"], model.variables)
+    log.info("Evaluating the weights of %s (step %d).", resumed.info.url, resumed.state["progress"]["global_step"])
 
 
 def _choose(io: FsspecCheckpointIO, alias: str) -> tuple[CheckpointInfo, dict[str, bytes]] | None:

@@ -1,0 +1,71 @@
+"""`validate(ckpt_path=...)` and `test(ckpt_path=...)` evaluate a checkpoint's weights: the same numbers as the model
+that was saved, nothing else of the run touched, and a checkpoint that does not fit refused before anything changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ktrainer as kt
+from ktrainer.checkpoint import CheckpointError
+from tests.helpers import Regressor, regression_data
+
+pytestmark = pytest.mark.both_backends
+
+
+def trainer(root, **arguments) -> kt.Trainer:
+    return kt.Trainer(batch_size=16, enable_progress_bar=False, logger=False, default_root_dir=str(root), **arguments)
+
+
+@pytest.fixture
+def trained(tmp_path):
+    """A run of 2 epochs with its checkpoints; the module as it ended."""
+    module = Regressor()
+    trainer(tmp_path, max_epochs=2).fit(module, train_data=regression_data(64), val_data=regression_data(32, seed=1))
+    return tmp_path, module
+
+
+@pytest.mark.parametrize("call", ["validate", "test"])
+def test_a_fresh_module_evaluated_on_the_last_checkpoint_gives_the_saved_models_numbers(trained, call):
+    root, module = trained
+    data = regression_data(32, seed=2)
+    expected = getattr(trainer(root), call)(module, data)
+    fresh = Regressor()
+    evaluating = trainer(root)
+    results = getattr(evaluating, call)(fresh, data, ckpt_path="last")
+    assert results == pytest.approx(expected, rel=1e-6)
+    for saved, loaded in zip(module.model.get_weights(), fresh.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(saved, loaded)
+    assert evaluating.global_step == 0 and evaluating.optimizer is None  # the run itself is not resumed
+
+
+def test_a_checkpoint_by_its_path_is_evaluated_too(trained):
+    root, module = trained
+    first = sorted(path.name for path in (root / "checkpoints").iterdir() if path.name.startswith("step-"))[0]
+    fresh = Regressor()
+    trainer(root).validate(fresh, regression_data(32), ckpt_path=str(root / "checkpoints" / first))
+    assert not np.array_equal(fresh.model.get_weights()[0], module.model.get_weights()[0])  # epoch 1's weights
+    assert np.any(fresh.model.get_weights()[0] != 0)
+
+
+def test_no_checkpoint_yet_is_an_error_that_says_where_it_looked(tmp_path, recwarn):
+    with pytest.raises(ValueError, match=r"ckpt_path='last': there is no checkpoint under .*checkpoints yet"):
+        trainer(tmp_path).validate(Regressor(), regression_data(32), ckpt_path="last")
+    assert not [w for w in recwarn if "starting a new run" in str(w.message)]  # that is fit's reading, not ours
+
+
+def test_a_checkpoint_of_another_model_is_refused_and_the_weights_are_kept(trained):
+    root, _ = trained
+    other = Regressor(features=3)
+    trainer(root).test(other, regression_data(16, features=3))
+    before = other.model.get_weights()
+    with pytest.raises(ValueError, match="does not match this model; nothing was loaded"):
+        trainer(root).test(other, regression_data(16, features=3), ckpt_path="last")
+    for kept, now in zip(before, other.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(kept, now)
+
+
+def test_best_without_a_monitored_metric_is_a_checkpoint_error(trained):
+    root, _ = trained
+    with pytest.raises(CheckpointError, match="records a monitored metric"):
+        trainer(root).validate(Regressor(), regression_data(16), ckpt_path="best")
