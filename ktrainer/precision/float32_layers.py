@@ -18,7 +18,7 @@ import keras
 
 __all__ = ["float32_at_construction", "keep_float32"]
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # a build inside a build (one thread) nests; another thread waits
 
 
 def _selects(selector: type | str, layer: keras.layers.Layer, name: str | None) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ktrainer.checks import check_choice
 from ktrainer.precision.base import Precision
 
 __all__ = ["TruePrecision"]
@@ -17,8 +18,11 @@ class TruePrecision(Precision):
 
     Args:
         name: "16-true", "bf16-true" or "64-true".
+
+    Raises:
+        ValueError: For any other name, listing these.
     """
 
     def __init__(self, name: str) -> None:
-        super().__init__(name)
+        super().__init__(check_choice("precision", name, tuple(_DTYPES)))
         self.policy = self.compute_dtype = _DTYPES[name]

@@ -6,6 +6,8 @@ selector matches none; a model with a float32 layer between mixed ones still com
 
 from __future__ import annotations
 
+import threading
+
 import keras
 import numpy as np
 import pytest
@@ -94,6 +96,25 @@ def test_the_constructor_is_restored_after_an_error_in_the_block(mixed):
     assert policy(keras.layers.Dense(1)) == "mixed_float16"
     with float32_at_construction([keras.layers.Dense]):  # and the block can be entered again
         assert policy(keras.layers.Dense(1)) == "float32"
+
+
+def test_a_block_inside_a_block_nests_and_each_restores_what_it_found(mixed):
+    original = keras.layers.Layer.__init__
+    made: dict[str, str] = {}
+
+    def nested() -> None:
+        with float32_at_construction(["outer"]):
+            with float32_at_construction(["inner"]):
+                made["both"] = keras.layers.Dense(1, name="outer").dtype_policy.name
+                made["inner"] = keras.layers.Dense(1, name="inner").dtype_policy.name
+            made["after"] = keras.layers.Dense(1, name="outer").dtype_policy.name
+
+    worker = threading.Thread(target=nested, daemon=True)  # a lock that did not nest would block here forever
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive(), "a nested block waited on the outer one"
+    assert made == {"both": "float32", "inner": "float32", "after": "float32"}
+    assert keras.layers.Layer.__init__ is original
 
 
 def test_no_selectors_change_nothing(mixed):
