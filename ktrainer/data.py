@@ -17,6 +17,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from ktrainer.streams import Stream, is_one_shot
+
 __all__ = ["BatchSource", "first_dim", "batches_per_epoch"]
 
 
@@ -33,6 +35,9 @@ class BatchSource:
     - a `keras.utils.PyDataset` is read in index order and re-batched the same way.
     - any other iterable of batches (a list of `(x, y)` tuples, an object with `__iter__`) is read
       again each epoch and re-batched the same way.
+    - a one-shot iterator (a generator object) is read as one stream: each epoch takes its next
+      batches (`limit_train_batches` says how many), as Keras's `fit` reads a generator; looking at
+      its first batch before training loses nothing (`ktrainer/streams.py`).
 
     Args:
         data: The user's data.
@@ -63,6 +68,7 @@ class BatchSource:
         self._dataset = None
         self._pydataset = None
         self._iterable = None
+        self._stream_batches: Iterator[Any] | None = None
         if _is_tf_dataset(data):
             self._dataset = data
             self._check_dataset(data)
@@ -71,7 +77,7 @@ class BatchSource:
                 raise ValueError(f"{what} is an empty PyDataset (len 0). Give it at least one batch.")
             self._pydataset = data
         elif _is_iterable_of_batches(data):
-            self._iterable = data
+            self._iterable = Stream(data) if is_one_shot(data) else data
         else:
             self._arrays = _as_arrays(data, what)
 
@@ -107,7 +113,8 @@ class BatchSource:
             return self._batches_of(len(self._pydataset) * first_dim(_tupled(self._pydataset[0])))
         if self._iterable is not None:
             length = len(self._iterable) if hasattr(self._iterable, "__len__") else None
-            return None if length is None else self._batches_of(length * first_dim(next(self._read_batches())))
+            return None if length is None else self._batches_of(
+                length * first_dim(next(self._read_batches(look_ahead=True))))
         cardinality = int(self._dataset.cardinality().numpy())
         if cardinality < 0:  # infinite or unknown: reading it would not tell
             return None
@@ -117,6 +124,11 @@ class BatchSource:
         if self.drop_remainder:
             return examples // self.global_batch_size
         return math.ceil(examples / self.global_batch_size)
+
+    @property
+    def is_stream(self) -> bool:
+        """True for a one-shot iterator: every epoch continues one stream, so its readers must be kept."""
+        return isinstance(self._iterable, Stream)
 
     @property
     def is_infinite(self) -> bool:
@@ -137,6 +149,8 @@ class BatchSource:
         """The first global batch, as numpy arrays (without shuffling, and without copying numpy data)."""
         if self._arrays is not None:
             return next(_slices(self._arrays, self.global_batch_size, drop_remainder=False))
+        if self.is_stream:
+            return next(_rebatch(self._read_batches(look_ahead=True), self.global_batch_size, False))
         return next(self.numpy_batches(0))
 
     def epoch(self, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Any:
@@ -156,6 +170,8 @@ class BatchSource:
             return self._array_epoch(epoch, skip_batches, seed)
         source = self._dataset if self._dataset is not None else self._batches_as_dataset()
         batched = source.unbatch().batch(self.global_batch_size, drop_remainder=self.drop_remainder)
+        if self.is_stream:  # read on demand: a batch read ahead for an epoch that ends would be lost
+            return batched.skip(skip_batches)
         return batched.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
 
     def end_epoch(self) -> None:
@@ -164,7 +180,16 @@ class BatchSource:
             self._pydataset.on_epoch_end()
 
     def numpy_batches(self, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Iterator[Any]:
-        """The global batches of one epoch as numpy arrays, without the first `skip_batches` (as `epoch()`)."""
+        """The global batches of one epoch as numpy arrays, without the first `skip_batches` (as `epoch()`).
+
+        For a stream, the same reader every epoch (examples it holds toward the next global batch are
+        kept for the next epoch); `skip_batches` applies when it is first made.
+        """
+        if self.is_stream:
+            if self._stream_batches is None:
+                regrouped = _rebatch(self._read_batches(), self.global_batch_size, self.drop_remainder)
+                self._stream_batches = itertools.islice(regrouped, skip_batches, None)
+            return self._stream_batches
         if self._arrays is not None:
             arrays = keras.tree.map_structure(lambda a: a[self._order(epoch, skip_batches, seed)], self._arrays)
             return _slices(arrays, self.global_batch_size, self.drop_remainder)
@@ -180,10 +205,13 @@ class BatchSource:
         order = np.random.default_rng([seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
         return order[skip_batches * self.global_batch_size :]
 
-    def _read_batches(self) -> Iterator[Any]:
-        """The batches of a PyDataset (in index order) or an iterable, as numpy arrays."""
+    def _read_batches(self, look_ahead: bool = False) -> Iterator[Any]:
+        """The batches of a PyDataset (in index order) or an iterable, as numpy arrays; `look_ahead`: without
+        consuming a stream's batches (to see their shapes)."""
         if self._pydataset is not None:
             batches = (self._pydataset[index] for index in range(len(self._pydataset)))
+        elif look_ahead and self.is_stream:
+            batches = self._iterable.look_ahead()
         else:
             batches = iter(self._iterable)
         for batch in batches:
@@ -201,7 +229,7 @@ class BatchSource:
     def _batches_as_dataset(self) -> Any:
         import tensorflow as tf
 
-        sample = next(self._read_batches())
+        sample = next(self._read_batches(look_ahead=True))
         signature = keras.tree.map_structure(
             lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample
         )

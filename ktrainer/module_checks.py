@@ -76,8 +76,9 @@ def check_training_steps(batches: int | None, examples: int | None, batch_size: 
             f"replica{'s' if replicas != 1 else ''})"
     if examples is None:  # a dataset: found out when its first epoch yielded nothing
         raise ValueError(
-            f"{what} yielded no batch in an epoch: it is empty (check filters and takes; an iterator is used up "
-            "after one epoch), or holds fewer "
+            f"{what} yielded no batch in an epoch: it is empty (check filters and takes; a generator is read as "
+            "one stream across epochs and had ended: give it batches for every epoch, or pass an object whose "
+            "__iter__ starts a new pass), or holds fewer "
             f"examples than one {sizes}, whose last incomplete batch is dropped with several replicas. Give it "
             "data, or use a smaller batch_size or fewer devices."
         )

@@ -104,6 +104,8 @@ def test_zero_batches_of_known_data_name_the_examples_the_batch_and_the_replicas
 
 def test_zero_batches_from_a_dataset_say_it_was_empty_or_too_small_and_what_to_change():
     with pytest.raises(ValueError, match=r"val_data yielded no batch in an epoch: it is empty \(check filters and "
-                                         r"takes; an iterator is used up after one epoch\), or holds fewer examples "
-                                         r"than one global batch 16 \(batch_size=16 per device x 1 replica\)"):
+                                         r"takes; a generator is read as one stream across epochs and had ended: "
+                                         r"give it batches for every epoch, or pass an object whose __iter__ starts "
+                                         r"a new pass\), or holds fewer examples than one global batch 16 "
+                                         r"\(batch_size=16 per device x 1 replica\)"):
         check_training_steps(0, None, batch_size=16, replicas=1, what="val_data")
