@@ -110,7 +110,10 @@ def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: d
             raise CheckpointError(f"ckpt_path={ckpt_path!r} is a run's folder, not a checkpoint. Pass "
                                   f"ckpt_path='last' with this run's default_root_dir, or one of its checkpoints "
                                   f"({ckpt_path.rstrip('/')}/checkpoints/step-...).")
-        info, files = io.read(name)
+        try:
+            info, files = io.read(name)
+        except CheckpointError as error:
+            raise CheckpointError(f"{error}{_in_checkpoint_dir(ckpt_path, checkpoint_dir)}") from None
     try:
         state, _ = upgrade(files) if info.manifest.format_version == 1 else from_files(files)
     except (ValueError, KeyError) as error:
@@ -136,6 +139,17 @@ def load_model_weights(ckpt_path: str, checkpoint_dir: Location, storage_options
     refuse_mismatches(mismatches("model", resumed.state["model"], model.variables), "this model")
     assign_all(resumed.state["model"], model.variables)
     log.info("Evaluating the weights of %s (step %d).", resumed.info.url, resumed.state["progress"]["global_step"])
+
+
+def _in_checkpoint_dir(ckpt_path: str, checkpoint_dir: Location) -> str:
+    """A hint when a bare name (as `ktrainer ckpt ls` prints it) names a checkpoint of the run's directory."""
+    name = str(ckpt_path).rstrip("/")
+    if "/" in name or os.sep in name:
+        return ""
+    candidate = checkpoint_dir.join(name)
+    if not candidate.fs.exists(f"{candidate.path.rstrip('/')}/{MANIFEST}"):
+        return ""
+    return f" This run's checkpoint directory has one of that name: pass ckpt_path={candidate.url!r}."
 
 
 def _choose(io: FsspecCheckpointIO, alias: str) -> tuple[CheckpointInfo, dict[str, bytes]] | None:

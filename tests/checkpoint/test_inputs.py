@@ -119,3 +119,19 @@ def test_last_with_only_invalid_checkpoints_is_an_error_that_says_what_to_do(tmp
     with pytest.warns(UserWarning, match="step-00000004 is not valid"):
         with pytest.raises(CheckpointError, match="no valid checkpoint under .* `ktrainer ckpt ls` lists them"):
             trainer.fit(Classifier(), ckpt_path="last")
+
+
+def test_a_bare_checkpoint_name_as_ckpt_ls_prints_it_is_refused_with_the_full_path_to_pass(tmp_path):
+    root = tmp_path / "run"
+    kt.Trainer(max_steps=2, batch_size=32, default_root_dir=str(root), enable_progress_bar=False,
+               logger=False).fit(Classifier())
+    resuming = kt.Trainer(max_steps=4, batch_size=32, default_root_dir=str(root), enable_progress_bar=False,
+                          logger=False)
+    with pytest.raises(CheckpointError, match=r"step-00000002 is not a valid checkpoint: .* This run's checkpoint "
+                                              r"directory has one of that name: pass ckpt_path='.*run/checkpoints/"
+                                              r"step-00000002'"):
+        resuming.fit(Classifier(), ckpt_path="step-00000002")
+    assert resuming.global_step == 0
+    with pytest.raises(CheckpointError) as other:
+        resuming.fit(Classifier(), ckpt_path="step-00000099")
+    assert "This run's checkpoint directory" not in str(other.value)
