@@ -12,31 +12,21 @@ import pytest
 
 from ktrainer.backends.jax.devices import plan_devices
 from ktrainer.backends.jax.engine import JaxEngine
-from ktrainer.building import build_model, build_optimizers
-from ktrainer.data import BatchSource
-from ktrainer.precision import Precision
 from ktrainer.step_outputs import APPLIED, BATCH_SIZE, SKIPPED
-from tests.helpers import Regressor, regression_data
+from tests.backends.train_step_checks import (
+    LR,
+    PreparedStep,
+    check_a_saved_group_restores_and_flushes_as_its_mean,
+    sgd_from_zero,
+)
 
 pytestmark = pytest.mark.jax_only
 
-LR = 0.1
-
-
-class Prepared:
-    """A Regressor (zero weights, SGD(0.1)) built on one device, with its prepared training step."""
+class Prepared(PreparedStep):
+    """A Regressor prepared on one JAX device; `call` runs the pure step on the live state."""
 
     def __init__(self, accumulate: int = 1) -> None:
-        self.module = Regressor(lr=LR)
-        self.engine = JaxEngine(plan_devices())
-        self.engine.start()
-        precision = Precision()
-        build_model(self.module, precision, [], self.engine)
-        built = build_optimizers(self.module, precision, self.engine, None)
-        self.step = self.engine.train_step(self.module, built.wrapped, built.configured, precision,
-                                           gradient_clip_val=None, accumulate_grad_batches=accumulate)
-        self.x, self.y = regression_data(8)
-        self.keys = self.engine.prepare_train_step(self.step, BatchSource((self.x, self.y), 8))
+        super().__init__(JaxEngine(plan_devices()), accumulate=accumulate)
 
     def call(self, batch=None, index: int = 0) -> dict[str, float]:
         """One pure call on the live state; the state stays live (as between compiled executions)."""
@@ -45,15 +35,6 @@ class Prepared:
         self.step.big = big
         self.step.write_small(small)
         return dict(zip(self.keys, np.asarray(vector).tolist(), strict=True))
-
-    def kernel(self) -> np.ndarray:
-        return np.asarray(self.module.model.layers[-1].kernel.value)
-
-
-def sgd_from_zero(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """The kernel after one SGD step on mean((x @ w + b - y)^2) from w = 0, b = 0."""
-    gradient = -2.0 * x.T @ y / len(y)
-    return (-LR * gradient)[:, None]
 
 
 def test_one_call_is_one_sgd_step_and_reports_its_loss_and_bookkeeping():
@@ -89,25 +70,9 @@ def test_what_is_assigned_between_calls_is_what_the_next_call_trains_on():
 
 def test_a_partial_accumulation_group_is_counted_saved_restored_and_flushed():
     prepared = Prepared(accumulate=3)
-    first, second = (prepared.x[:4], prepared.y[:4]), (prepared.x[4:], prepared.y[4:])
-    assert prepared.call(first)[APPLIED] == 0.0
-    assert prepared.call(second, 1)[APPLIED] == 0.0
-    assert prepared.step.pending() == 2
-    prepared.engine.sync()
-    assert not np.any(prepared.kernel())
-    saved = prepared.step.state_dict()
-    assert list(saved) == ["00"]
-
-    resumed = Prepared(accumulate=3)
-    assert resumed.step.mismatch(saved) == ""
-    resumed.step.load_state_dict(saved)
-    assert resumed.step.pending() == 2
-    assert resumed.step.flush() == (True, False)
-    resumed.engine.sync()
-    # the group's mean over two halves of one batch is that batch's gradient
-    np.testing.assert_allclose(resumed.kernel(), sgd_from_zero(prepared.x, prepared.y), rtol=1e-5, atol=1e-7)
-    assert resumed.step.pending() == 0 and resumed.step.state_dict() == {}
-    assert resumed.step.flush() == (False, False)
+    assert prepared.call((prepared.x[:4], prepared.y[:4]))[APPLIED] == 0.0
+    assert prepared.call((prepared.x[4:], prepared.y[4:]), 1)[APPLIED] == 0.0
+    check_a_saved_group_restores_and_flushes_as_its_mean(prepared, lambda: Prepared(accumulate=3))
 
 
 def test_a_module_whose_variables_hold_other_weights_trains_from_them():

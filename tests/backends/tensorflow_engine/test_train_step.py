@@ -15,43 +15,25 @@ import tensorflow as tf
 from ktrainer.backends.tensorflow.devices import plan_devices
 from ktrainer.backends.tensorflow.engine import TensorFlowEngine
 from ktrainer.backends.tensorflow.gradients import dense, values
-from ktrainer.building import build_model, build_optimizers
-from ktrainer.data import BatchSource
-from ktrainer.precision import Precision
 from ktrainer.step_outputs import APPLIED, BATCH_SIZE, SKIPPED
-from tests.helpers import Regressor, regression_data
+from tests.backends.train_step_checks import (
+    PreparedStep,
+    check_a_saved_group_restores_and_flushes_as_its_mean,
+    sgd_from_zero,
+)
+from tests.helpers import Regressor
 
-LR = 0.1
 
-
-class Prepared:
-    """A module built on this process's device, its prepared training step and compiled runner."""
+class Prepared(PreparedStep):
+    """A Regressor prepared on this process's device in batches of 4; `run` is one compiled execution."""
 
     def __init__(self, module: Regressor | None = None, accumulate: int = 1) -> None:
-        self.module = module or Regressor(lr=LR)
-        self.engine = TensorFlowEngine(plan_devices())
-        self.engine.start()
-        precision = Precision()
-        build_model(self.module, precision, [], self.engine)
-        built = build_optimizers(self.module, precision, self.engine, None)
-        self.step = self.engine.train_step(self.module, built.wrapped, built.configured, precision,
-                                           gradient_clip_val=None, accumulate_grad_batches=accumulate)
-        self.x, self.y = regression_data(8)
-        self.source = BatchSource((self.x, self.y), 4)
-        self.keys = self.engine.prepare_train_step(self.step, self.source)
+        super().__init__(TensorFlowEngine(plan_devices()), module, accumulate, batch_size=4)
         self.runner = self.engine.train_runner(self.step, self.keys)
 
     def run(self, batches: int) -> dict[str, np.ndarray]:
         """`batches` batches of 4 in one compiled execution."""
         return self.runner.run(self.engine.batches(self.source), batches)
-
-    def kernel(self) -> np.ndarray:
-        return np.asarray(self.module.model.layers[-1].kernel.numpy())
-
-
-def sgd_from_zero(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """The kernel after one SGD step on mean((x @ w + b - y)^2) from w = 0, b = 0."""
-    return (LR * 2.0 * x.T @ y / len(y))[:, None]
 
 
 def test_one_execution_of_one_batch_is_one_sgd_step_with_its_loss_and_bookkeeping():
@@ -67,22 +49,8 @@ def test_one_execution_of_one_batch_is_one_sgd_step_with_its_loss_and_bookkeepin
 
 def test_a_partial_accumulation_group_is_counted_saved_restored_and_flushed_as_its_mean():
     prepared = Prepared(accumulate=3)
-    outputs = prepared.run(2)
-    assert outputs[APPLIED].tolist() == [0, 0]
-    assert prepared.step.pending() == 2
-    assert not np.any(prepared.kernel())
-    saved = prepared.step.state_dict()
-    assert list(saved) == ["00"]
-
-    resumed = Prepared(accumulate=3)
-    assert resumed.step.mismatch(saved) == ""
-    resumed.step.load_state_dict(saved)
-    assert resumed.step.pending() == 2
-    assert resumed.step.flush() == (True, False)
-    # the group's mean over the two halves of the 8 examples is the gradient of all 8
-    np.testing.assert_allclose(resumed.kernel(), sgd_from_zero(prepared.x, prepared.y), rtol=1e-5, atol=1e-7)
-    assert resumed.step.pending() == 0 and resumed.step.state_dict() == {}
-    assert resumed.step.flush() == (False, False)
+    assert prepared.run(2)[APPLIED].tolist() == [0, 0]
+    check_a_saved_group_restores_and_flushes_as_its_mean(prepared, lambda: Prepared(accumulate=3))
 
 
 class Detached(Regressor):
