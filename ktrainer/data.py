@@ -35,9 +35,9 @@ class BatchSource:
     - a `keras.utils.PyDataset` is read in index order and re-batched the same way.
     - any other iterable of batches (a list of `(x, y)` tuples, an object with `__iter__`) is read
       again each epoch and re-batched the same way.
-    - a one-shot iterator (a generator object) is read as one stream: each epoch takes its next
-      batches (`limit_train_batches` says how many), as Keras's `fit` reads a generator; looking at
-      its first batch before training loses nothing (`ktrainer/streams.py`).
+    - a one-shot iterator (a generator object, a built-in iterator) is read as one stream: each
+      epoch takes its next batches (`limit_train_batches` says how many), as Keras's `fit` reads a
+      generator; looking at its first batch before training loses nothing (`ktrainer/streams.py`).
 
     Args:
         data: The user's data.
@@ -112,13 +112,20 @@ class BatchSource:
         if self._pydataset is not None:
             return self._batches_of(len(self._pydataset) * first_dim(_tupled(self._pydataset[0])))
         if self._iterable is not None:
-            length = len(self._iterable) if hasattr(self._iterable, "__len__") else None
+            length = len(self._iterable) if hasattr(self._iterable, "__len__") else None  # a Stream has none
             return None if length is None else self._batches_of(
-                length * first_dim(next(self._read_batches(look_ahead=True))))
+                length * first_dim(self._first(self._read_batches(look_ahead=True))))
         cardinality = int(self._dataset.cardinality().numpy())
         if cardinality < 0:  # infinite or unknown: reading it would not tell
             return None
         return self._batches_of(cardinality * _batch_size_of(self._dataset))
+
+    def _first(self, batches: Iterator[Any]) -> Any:
+        try:
+            return next(batches)
+        except StopIteration:
+            raise ValueError(f"{self.what} yielded no batch: it is empty, or a generator that has already been "
+                             "read to its end. Give it data (a new generator for each call).") from None
 
     def _batches_of(self, examples: int) -> int:
         if self.drop_remainder:
@@ -150,8 +157,8 @@ class BatchSource:
         if self._arrays is not None:
             return next(_slices(self._arrays, self.global_batch_size, drop_remainder=False))
         if self.is_stream:
-            return next(_rebatch(self._read_batches(look_ahead=True), self.global_batch_size, False))
-        return next(self.numpy_batches(0))
+            return self._first(_rebatch(self._read_batches(look_ahead=True), self.global_batch_size, False))
+        return self._first(self.numpy_batches(0))
 
     def epoch(self, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Any:
         """The dataset of one epoch, without its first `skip_batches` global batches.
@@ -170,8 +177,6 @@ class BatchSource:
             return self._array_epoch(epoch, skip_batches, seed)
         source = self._dataset if self._dataset is not None else self._batches_as_dataset()
         batched = source.unbatch().batch(self.global_batch_size, drop_remainder=self.drop_remainder)
-        if self.is_stream:  # read on demand: a batch read ahead for an epoch that ends would be lost
-            return batched.skip(skip_batches)
         return batched.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
 
     def end_epoch(self) -> None:
@@ -229,7 +234,7 @@ class BatchSource:
     def _batches_as_dataset(self) -> Any:
         import tensorflow as tf
 
-        sample = next(self._read_batches(look_ahead=True))
+        sample = self._first(self._read_batches(look_ahead=True))
         signature = keras.tree.map_structure(
             lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample
         )

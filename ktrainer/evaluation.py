@@ -7,6 +7,7 @@ from typing import Any
 
 from ktrainer.data import BatchSource
 from ktrainer.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
+from ktrainer.module_checks import check_training_steps
 from ktrainer.reporting import call_hook
 
 __all__ = ["run_evaluation", "HOOK_NAMES"]
@@ -52,6 +53,8 @@ def run_evaluation(trainer: Any, module: Any, source: BatchSource, runner: Any, 
             metrics.add(outputs)
         if ran < wanted:
             break
+    if metrics.steps == 0 and num_batches != 0:  # the data ran out (limit_val_batches=0 asks for nothing)
+        check_training_steps(0, source.num_examples, trainer.batch_size, trainer.engine.replicas, what=source.what)
     results = {**metrics.epoch_metrics(), **metric_object_values(module, stage, epoch=True)}
     module._stage = stage
     getattr(module, f"on_{kind}_epoch_end")()

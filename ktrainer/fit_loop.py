@@ -22,7 +22,7 @@ from ktrainer.checks import defines_hook
 from ktrainer.data import BatchSource
 from ktrainer.evaluation import run_evaluation
 from ktrainer.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
-from ktrainer.module_checks import check_training_steps
+from ktrainer.module_checks import check_stream_not_ended, check_training_steps
 from ktrainer.preemption import Preempted, SignalWatcher
 from ktrainer.reporting import call_hook
 from ktrainer.run_summary import stop_line, stop_reason
@@ -114,7 +114,7 @@ class FitLoop:
             Whether the epoch ended (its batches, or its data, ran out).
         """
         trainer, progress = self.trainer, self.trainer.progress
-        iterator = trainer.engine.batches(self.train, progress.epoch, progress.batch_in_epoch, progress.shuffle_seed)
+        iterator = trainer.engine.batches(self.train, progress.epoch, self._batches_to_skip(), progress.shuffle_seed)
         while not trainer.should_stop:
             num_steps = trainer.schedule.batches_in_next_execution(progress)
             if num_steps == 0:
@@ -126,6 +126,7 @@ class FitLoop:
             ran = len(outputs[APPLIED])
             if ran == 0:
                 if progress.batch_in_epoch == 0:
+                    check_stream_not_ended(self.train, progress.epoch)
                     check_training_steps(0, None, trainer.batch_size, trainer.engine.replicas)
                 return True
             step_metrics = self._account(outputs, metrics)
@@ -140,6 +141,14 @@ class FitLoop:
             if trainer.max_steps is not None and progress.global_step >= trainer.max_steps:
                 break
         return trainer.num_training_batches is not None and progress.batch_in_epoch >= trainer.num_training_batches
+
+    def _batches_to_skip(self) -> int:
+        """The batches of this epoch already trained; for a stream (read once, across epochs), every batch the run
+        trained, so a resumed run given the same generator anew continues where the interrupted one stopped."""
+        progress, per_epoch = self.trainer.progress, self.trainer.num_training_batches
+        if self.train.is_stream and per_epoch is not None:
+            return progress.epoch * per_epoch + progress.batch_in_epoch
+        return progress.batch_in_epoch
 
     def _account(self, outputs: dict[str, np.ndarray], metrics: EpochMetrics) -> dict[str, float]:
         """Advance Progress over one execution's steps, log the steps the Schedule picks; the last step's metrics."""

@@ -8,6 +8,7 @@ says how many, as `steps_per_epoch` does in Keras); a stream that ends, ends the
 
 from __future__ import annotations
 
+import types
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -16,11 +17,13 @@ __all__ = ["Stream", "is_one_shot"]
 
 
 def is_one_shot(data: Any) -> bool:
-    """True for an iterator (iterating it again continues it), e.g. a generator object or `iter(list)`."""
-    try:
-        return iter(data) is data
-    except TypeError:
-        return False
+    """True for an iterator that can be read only once: a generator object, or a built-in iterator (`iter(list)`,
+    `map`, `zip`, itertools). An iterator class of the user's own is read anew through `iter()` each epoch, as
+    before: its `__iter__` may start a new pass. Nothing is called to decide."""
+    if isinstance(data, types.GeneratorType):
+        return True
+    iterate = getattr(type(data), "__iter__", None)
+    return hasattr(data, "__next__") and iterate is not None and not isinstance(iterate, types.FunctionType)
 
 
 class Stream:

@@ -39,7 +39,7 @@ from ktrainer.logs import show_events
 from ktrainer.loop_state import TrainerState
 from ktrainer.lr_scaling import LR_SCALINGS
 from ktrainer.module import Module
-from ktrainer.module_checks import check_training_steps, warn_val_data_without_validation_step
+from ktrainer.module_checks import check_training_steps, check_validation_stream, warn_val_data_without_validation_step
 from ktrainer.precision import LayerPrecision, resolve_precision
 from ktrainer.precision.report import check_output_dtype, precision_report
 from ktrainer.preemption import DEFAULT_SIGNALS, SignalWatcher, check_signals
@@ -393,6 +393,8 @@ class Trainer:
                 val = self._source(val_data, module.val_data, "val_data", training=False, required=False)
                 if val is not None and not warn_val_data_without_validation_step(module, Module):
                     val = None
+                if val is not None:
+                    check_validation_stream(val, self.limit_val_batches)
             self._build(module, with_optimizer=True)
             train_step = self._train_step = self.engine.train_step(
                 module, self.optimizers, self._configured, self.precision, gradient_clip_val=self.gradient_clip_val,

@@ -40,9 +40,35 @@ def test_what_is_looked_at_ahead_is_read_again_in_order():
     assert list(stream.look_ahead()) == [] and list(iter(stream)) == []
 
 
-def test_only_a_one_shot_iterator_is_a_stream():
-    assert is_one_shot(iter([1])) and is_one_shot(x for x in [1])
+class Restarting:
+    """An iterator class whose __iter__ starts a new pass (a common loader pattern)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.x, self.y, self.start = x, y, 0
+
+    def __iter__(self):
+        self.start = 0
+        return self
+
+    def __next__(self):
+        if self.start >= len(self.y):
+            raise StopIteration
+        self.start += BATCH
+        return self.x[self.start - BATCH:self.start], self.y[self.start - BATCH:self.start]
+
+
+def test_only_a_one_shot_iterator_is_a_stream_and_deciding_calls_nothing():
+    assert is_one_shot(iter([1])) and is_one_shot(x for x in [1]) and is_one_shot(map(int, "12"))
     assert not is_one_shot([1]) and not is_one_shot(range(3)) and not is_one_shot(5)
+    restarting = Restarting(*regression_data(32))
+    restarting.start = 16
+    assert not is_one_shot(restarting) and restarting.start == 16  # its own __iter__ may start a new pass
+
+
+def test_an_iterator_class_that_starts_a_new_pass_is_read_anew_each_epoch():
+    x, y = regression_data(64)
+    np.testing.assert_allclose(trained(Restarting(x, y), max_epochs=2), trained((x, y), max_epochs=2),
+                               rtol=1e-6, atol=1e-7)
 
 
 def test_a_generator_over_two_epochs_trains_on_every_batch_once_in_order_as_numpy_does():
@@ -58,18 +84,76 @@ def test_a_generator_read_to_its_end_in_one_epoch_is_every_batch():
                                rtol=1e-6, atol=1e-7)
 
 
-def test_a_generator_that_has_ended_leaves_the_next_epoch_nothing_and_says_so():
+def test_a_generator_that_ran_out_says_how_to_end_the_run_there():
     x, y = regression_data(64)
-    with pytest.raises(ValueError, match="a generator is read as one stream across epochs and had ended"):
+    with pytest.raises(ValueError, match=r"train_data, a generator, ran out after 1 epoch: .* Set max_epochs=1"):
         trained(batches(x, y), max_epochs=2)
+
+
+def test_a_generator_resumed_anew_continues_where_the_interrupted_run_stopped(tmp_path):
+    x, y = regression_data(128)
+
+    def run(max_steps=None, ckpt_path=None) -> tuple[kt.Trainer, np.ndarray]:
+        module = Regressor()
+        trainer = kt.Trainer(max_epochs=2, max_steps=max_steps, limit_train_batches=4, batch_size=BATCH,
+                             enable_progress_bar=False, logger=False, default_root_dir=str(tmp_path))
+        trainer.fit(module, train_data=batches(x, y), shuffle=False, ckpt_path=ckpt_path)
+        return trainer, module.model.get_weights()[0]
+
+    run(max_steps=6)  # stops in the second epoch, after batch 5 of the stream
+    resumed, weights = run(ckpt_path="last")
+    assert resumed.global_step == 8
+    np.testing.assert_allclose(weights, trained((x, y), max_epochs=1), rtol=1e-6, atol=1e-7)
 
 
 def test_a_validation_generator_loses_no_batch_to_being_looked_at():
     x, y = regression_data(64)
     vx, vy = regression_data(48, seed=1)
     module = Regressor()
-    trainer = kt.Trainer(max_epochs=1, batch_size=BATCH, enable_progress_bar=False, logger=False,
-                         enable_checkpointing=False)
+    trainer = kt.Trainer(max_epochs=1, batch_size=BATCH, limit_val_batches=3, enable_progress_bar=False,
+                         logger=False, enable_checkpointing=False)
     trainer.fit(module, train_data=(x, y), val_data=batches(vx, vy), shuffle=False)
     in_fit = trainer.callback_metrics["val/loss"]
     assert in_fit == pytest.approx(trainer.validate(module, (vx, vy))["val/loss"], rel=1e-6)
+
+
+def test_a_validation_generator_without_a_batch_count_is_refused_before_training(tmp_path):
+    x, y = regression_data(64)
+    trainer = kt.Trainer(max_epochs=2, batch_size=BATCH, enable_progress_bar=False, logger=False,
+                         default_root_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"val_data is a generator, read as one stream: .* Set limit_val_batches=N"):
+        trainer.fit(Regressor(), train_data=(x, y), val_data=batches(*regression_data(32, seed=1)))
+    assert trainer.global_step == 0 and not (tmp_path / "checkpoints").exists()
+
+
+class ValidationSeen(kt.callbacks.Callback):
+    """Keeps the weights and the val/loss of each validation."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[list, float]] = []
+
+    def on_validation_end(self, trainer, module):
+        self.seen.append((module.model.get_weights(), trainer.callback_metrics["val/loss"]))
+
+
+def test_each_validation_takes_the_next_batches_of_a_validation_generator():
+    x, y = regression_data(64)
+    vx, vy = regression_data(32, seed=1)
+    seen = ValidationSeen()
+    kt.Trainer(max_epochs=2, limit_val_batches=1, batch_size=BATCH, enable_progress_bar=False, logger=False,
+               enable_checkpointing=False, callbacks=[seen]).fit(Regressor(), train_data=(x, y),
+                                                               val_data=batches(vx, vy), shuffle=False)
+    assert len(seen.seen) == 2
+    for index, ((kernel, bias), loss) in enumerate(seen.seen):
+        part = slice(index * BATCH, (index + 1) * BATCH)
+        expected = np.mean((vx[part] @ kernel[:, 0] + bias[0] - vy[part]) ** 2)
+        assert loss == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_validating_on_a_generator_that_has_ended_is_an_error_not_a_silent_nan():
+    x, y = regression_data(32)
+    module, ended = Regressor(), batches(x, y)
+    trainer = kt.Trainer(batch_size=BATCH, enable_progress_bar=False, logger=False)
+    trainer.validate(module, ended)
+    with pytest.raises(ValueError, match="val_data yielded no batch: it is empty, or a generator that has already"):
+        trainer.validate(module, ended)

@@ -9,6 +9,7 @@ at the end, one test per shared file.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -20,7 +21,7 @@ import pytest
 from tests.backends.runs import NO_TENSORFLOW
 
 ROOT = Path(__file__).parents[2]
-MARKS = ("pytestmark = pytest.mark.both_backends", "@pytest.mark.both_backends", "pytestmark = pytest.mark.jax_only")
+MARKS = re.compile(r"pytest\.mark\.(both_backends|jax_only)\b")  # a file-level mark, in a list or alone, or a test's
 STASH = pytest.StashKey["JaxSession"]()  # where the TensorFlow session keeps the one it started
 TIMEOUT_S = 1800  # the whole JAX session; it takes a few minutes on 2 loaded cores
 
@@ -28,7 +29,7 @@ TIMEOUT_S = 1800  # the whole JAX session; it takes a few minutes on 2 loaded co
 def shared_files() -> list[str]:
     """Test files (relative to the repository root) holding at least one both_backends or jax_only test."""
     return [str(path.relative_to(ROOT)) for path in sorted((ROOT / "tests").rglob("test_*.py"))
-            if any(mark in path.read_text() for mark in MARKS)]
+            if MARKS.search(path.read_text())]
 
 
 class JaxSession:

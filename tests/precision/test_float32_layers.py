@@ -6,12 +6,11 @@ selector matches none; a model with a float32 layer between mixed ones still com
 
 from __future__ import annotations
 
-import threading
-
 import keras
 import numpy as np
 import pytest
 
+from ktrainer.precision import float32_layers
 from ktrainer.precision.float32_layers import float32_at_construction, keep_float32
 
 pytestmark = pytest.mark.both_backends
@@ -99,21 +98,20 @@ def test_the_constructor_is_restored_after_an_error_in_the_block(mixed):
 
 
 def test_a_block_inside_a_block_nests_and_each_restores_what_it_found(mixed):
+    # Re-entrancy first, without blocking: a lock that did not nest would make the nested block wait forever.
+    assert float32_layers._lock.acquire(blocking=False)
+    try:
+        assert float32_layers._lock.acquire(blocking=False), "a nested block would wait on the outer one"
+        float32_layers._lock.release()
+    finally:
+        float32_layers._lock.release()
     original = keras.layers.Layer.__init__
-    made: dict[str, str] = {}
-
-    def nested() -> None:
-        with float32_at_construction(["outer"]):
-            with float32_at_construction(["inner"]):
-                made["both"] = keras.layers.Dense(1, name="outer").dtype_policy.name
-                made["inner"] = keras.layers.Dense(1, name="inner").dtype_policy.name
-            made["after"] = keras.layers.Dense(1, name="outer").dtype_policy.name
-
-    worker = threading.Thread(target=nested, daemon=True)  # a lock that did not nest would block here forever
-    worker.start()
-    worker.join(timeout=120)
-    assert not worker.is_alive(), "a nested block waited on the outer one"
-    assert made == {"both": "float32", "inner": "float32", "after": "float32"}
+    with float32_at_construction(["outer"]):
+        with float32_at_construction(["inner"]):
+            both = keras.layers.Dense(1, name="outer").dtype_policy.name
+            inner = keras.layers.Dense(1, name="inner").dtype_policy.name
+        after = keras.layers.Dense(1, name="outer").dtype_policy.name
+    assert (both, inner, after) == ("float32", "float32", "float32")
     assert keras.layers.Layer.__init__ is original
 
 

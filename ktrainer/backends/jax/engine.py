@@ -27,7 +27,7 @@ from ktrainer.metrics import metric_objects
 from ktrainer.precision.advice import Accelerators
 from ktrainer.step_outputs import STOP, EvalStep
 
-__all__ = ["JaxEngine"]
+__all__ = ["JaxEngine", "compute_capability", "flops_of", "shape_spec", "to_host"]
 
 
 def shape_spec(batch: Any) -> Any:
@@ -79,7 +79,7 @@ class JaxEngine(Engine):
     def visible_accelerators(self) -> Accelerators:
         """GPUs (compute capability, where JAX reports it) and TPUs."""
         devices = jax.local_devices()
-        gpus = tuple(_capability(d) for d in devices if d.platform == "gpu")
+        gpus = tuple(compute_capability(d) for d in devices if d.platform == "gpu")
         return Accelerators(gpus=gpus, tpus=sum(d.platform == "tpu" for d in devices))
 
     def device_name(self) -> str | None:
@@ -173,7 +173,7 @@ class JaxEngine(Engine):
             return None
         big, small = step.read_state()
         lowered = jax.jit(step).lower(big, small, self.place_spec(step.batch_spec), jnp.int32(0))
-        return _flops_of(lowered.cost_analysis()) or _flops_of(lowered.compile().cost_analysis())
+        return flops_of(lowered.cost_analysis()) or flops_of(lowered.compile().cost_analysis())
 
     def peak_memory(self) -> tuple[int | None, str]:
         """The first GPU's allocator peak since the process started (JAX cannot reset it: a run measured alone
@@ -311,7 +311,8 @@ def _local_gpus() -> list[Any]:
     return [device for device in jax.local_devices() if device.platform == "gpu"]
 
 
-def _capability(device: Any) -> tuple[int, int]:
+def compute_capability(device: Any) -> tuple[int, int]:
+    """A GPU's compute capability as (major, minor); (0, 0) where JAX does not report it."""
     capability = getattr(device, "compute_capability", None)
     try:
         major, minor = str(capability).split(".")[:2]
@@ -320,7 +321,7 @@ def _capability(device: Any) -> tuple[int, int]:
         return 0, 0
 
 
-def _flops_of(analysis: Any) -> float | None:
+def flops_of(analysis: Any) -> float | None:
     """The "flops" entry of a JAX cost analysis (a dict, or a list of one per device), when positive."""
     if isinstance(analysis, list | tuple):
         analysis = analysis[0] if analysis else {}

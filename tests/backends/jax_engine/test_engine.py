@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from ktrainer.backends.jax.devices import plan_devices
-from ktrainer.backends.jax.engine import JaxEngine, _capability, _flops_of, shape_spec, to_host
+from ktrainer.backends.jax.engine import JaxEngine, compute_capability, flops_of, shape_spec, to_host
 
 pytestmark = pytest.mark.jax_only
 
@@ -102,7 +102,7 @@ def test_tf32_is_reported_as_jax_configures_matmul_precision():
     ({"flops": 0.0}, None), ({"flops": -1.0}, None), ({"bytes accessed": 10.0}, None),
 ])
 def test_flops_are_read_from_a_cost_analysis_when_it_has_a_positive_count(analysis, flops):
-    assert _flops_of(analysis) == flops
+    assert flops_of(analysis) == flops
 
 
 @pytest.mark.parametrize(("capability", "parsed"), [("9.0", (9, 0)), ("8.6", (8, 6)), (None, (0, 0)), ("", (0, 0))])
@@ -110,4 +110,4 @@ def test_a_gpus_compute_capability_is_read_as_two_numbers(capability, parsed):
     class Device:
         compute_capability = capability
 
-    assert _capability(Device()) == parsed
+    assert compute_capability(Device()) == parsed

@@ -14,6 +14,9 @@ import tensorflow as tf
 
 from ktrainer.backends.tensorflow.devices import DevicePlan, check_cluster_description, plan_devices
 
+pytestmark = pytest.mark.skipif(bool(tf.config.list_physical_devices("GPU")),
+                                reason="the plans asserted here are those of a machine without a GPU")
+
 
 def tf_config(task_type: str = "worker", index: int = 0, workers: int = 2, chief: bool = False) -> str:
     """A TF_CONFIG describing `workers` workers (and a chief), seen from one task."""
