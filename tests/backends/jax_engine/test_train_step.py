@@ -22,6 +22,7 @@ from tests.backends.train_step_checks import (
 
 pytestmark = pytest.mark.jax_only
 
+
 class Prepared(PreparedStep):
     """A Regressor prepared on one JAX device; `call` runs the pure step on the live state."""
 
