@@ -65,23 +65,17 @@ def test_only_a_one_shot_iterator_is_a_stream_and_deciding_calls_nothing():
     assert not is_one_shot(restarting) and restarting.start == 16  # its own __iter__ may start a new pass
 
 
-def test_an_iterator_class_that_starts_a_new_pass_is_read_anew_each_epoch():
-    x, y = regression_data(64)
-    np.testing.assert_allclose(trained(Restarting(x, y), max_epochs=2), trained((x, y), max_epochs=2),
-                               rtol=1e-6, atol=1e-7)
-
-
-def test_a_generator_over_two_epochs_trains_on_every_batch_once_in_order_as_numpy_does():
+@pytest.mark.parametrize(("data", "reading", "as_numpy"), [
+    # a generator over two epochs trains on every batch once, in order: one epoch of the same 8 batches
+    (lambda x, y: batches(x, y), {"max_epochs": 2, "limit_train_batches": 4}, {"max_epochs": 1}),
+    # a generator read to its end in one epoch is every batch
+    (lambda x, y: batches(x, y), {"max_epochs": 1}, {"max_epochs": 1}),
+    # an iterator class whose __iter__ starts a new pass is read anew each epoch
+    (lambda x, y: Restarting(x, y), {"max_epochs": 2}, {"max_epochs": 2}),
+], ids=["generator_two_epochs", "generator_to_its_end", "restarting_class"])
+def test_the_same_weights_as_the_same_batches_given_as_numpy(data, reading, as_numpy):
     x, y = regression_data(128)
-    expected = trained((x, y), max_epochs=1)  # 8 batches of 16, in order
-    np.testing.assert_allclose(trained(batches(x, y), max_epochs=2, limit_train_batches=4), expected,
-                               rtol=1e-6, atol=1e-7)
-
-
-def test_a_generator_read_to_its_end_in_one_epoch_is_every_batch():
-    x, y = regression_data(128)
-    np.testing.assert_allclose(trained(batches(x, y), max_epochs=1), trained((x, y), max_epochs=1),
-                               rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(trained(data(x, y), **reading), trained((x, y), **as_numpy), rtol=1e-6, atol=1e-7)
 
 
 def test_a_generator_that_ran_out_says_how_to_end_the_run_there():
