@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -373,6 +374,9 @@ class Trainer:
         self.history = History()
         with self._run("fit", module), SignalWatcher(self.preemption_signals) as signals:
             resumed = find_checkpoint(ckpt_path, self.checkpoint_dir, self.storage_options) if ckpt_path else None
+            if ckpt_path and resumed is None:  # a script that always resumes, on its first launch (as in Lightning)
+                warnings.warn(f"ckpt_path='last': no checkpoint under {self.checkpoint_dir.url.rstrip('/')} yet; "
+                              "starting a new run.", UserWarning, stacklevel=2)
             if resumed is not None and not self.allow_global_batch_change:  # fail before building anything
                 check_global_batch(resumed.state["progress"], resumed.state["run"]["global_batch_size"],
                                    self.global_batch_size, allow_change=False)

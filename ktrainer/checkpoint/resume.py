@@ -86,8 +86,8 @@ def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: d
         storage_options: fsspec options for a URI.
 
     Returns:
-        The checkpoint; None for "last" when the directory holds no checkpoint at all (a first
-        run of a script that always resumes: it starts fresh, with a warning).
+        The checkpoint; None for "last" when the directory holds no checkpoint at all (what that
+        means is the caller's: fit starts a new run, validate/test refuse).
 
     Raises:
         CheckpointError: When no checkpoint there is valid, a newer ktrainer wrote one there, or a
@@ -97,8 +97,6 @@ def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: d
         io = FsspecCheckpointIO(checkpoint_dir)
         chosen = _choose(io, ckpt_path)
         if chosen is None:
-            warnings.warn(f"ckpt_path='last': no checkpoint under {io.url} yet; starting a new run.", UserWarning,
-                          stacklevel=3)
             return None
         info, files = chosen
         directory = checkpoint_dir
@@ -130,9 +128,7 @@ def load_model_weights(ckpt_path: str, checkpoint_dir: Location, storage_options
         ValueError: When there is no checkpoint yet, or its variables do not fit the model (nothing is assigned).
         CheckpointError: As `find_checkpoint`.
     """
-    with warnings.catch_warnings():  # "starting a new run" is fit's reading of an empty directory, not ours
-        warnings.simplefilter("ignore", UserWarning)
-        resumed = find_checkpoint(ckpt_path, checkpoint_dir, storage_options)
+    resumed = find_checkpoint(ckpt_path, checkpoint_dir, storage_options)
     if resumed is None:
         raise ValueError(f"ckpt_path={ckpt_path!r}: there is no checkpoint under {checkpoint_dir.url} yet. Train "
                          "with this default_root_dir first, or pass a checkpoint's path or URI.")

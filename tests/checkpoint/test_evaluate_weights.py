@@ -69,3 +69,12 @@ def test_best_without_a_monitored_metric_is_a_checkpoint_error(trained):
     root, _ = trained
     with pytest.raises(CheckpointError, match="records a monitored metric"):
         trainer(root).validate(Regressor(), regression_data(16), ckpt_path="best")
+
+
+def test_a_damaged_newest_checkpoint_is_named_in_a_warning_and_the_one_before_evaluated(trained):
+    root, _ = trained
+    newest = sorted(path for path in (root / "checkpoints").iterdir() if path.name.startswith("step-"))[-1]
+    for data_file in newest.glob("*.tensors"):
+        data_file.write_bytes(b"damaged")
+    with pytest.warns(UserWarning, match=rf"{newest.name} is not valid .*passing over it"):
+        trainer(root).validate(Regressor(), regression_data(16), ckpt_path="last")
