@@ -11,7 +11,7 @@ import functools
 import itertools
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -68,7 +68,7 @@ class BatchSource:
         self._dataset = None
         self._pydataset = None
         self._iterable = None
-        self._stream_batches: Iterator[Any] | None = None
+        self._stream_reader: Iterator[Any] | None = None
         if _is_tf_dataset(data):
             self._dataset = data
             self._check_dataset(data)
@@ -113,8 +113,7 @@ class BatchSource:
             return self._batches_of(len(self._pydataset) * first_dim(_tupled(self._pydataset[0])))
         if self._iterable is not None:
             length = len(self._iterable) if hasattr(self._iterable, "__len__") else None  # a Stream has none
-            return None if length is None else self._batches_of(
-                length * first_dim(self._first(self._read_batches(look_ahead=True))))
+            return None if length is None else self._batches_of(length * first_dim(self._first(self._read_batches())))
         cardinality = int(self._dataset.cardinality().numpy())
         if cardinality < 0:  # infinite or unknown: reading it would not tell
             return None
@@ -136,6 +135,16 @@ class BatchSource:
     def is_stream(self) -> bool:
         """True for a one-shot iterator: every epoch continues one stream, so its readers must be kept."""
         return isinstance(self._iterable, Stream)
+
+    def reader(self, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        """The iterator an epoch reads: a new one from `make()`; for a stream, the one made for its first epoch,
+        every epoch, so what it read ahead or holds toward the next global batch is not lost (the skip
+        `make` applies counts once)."""
+        if not self.is_stream:
+            return make()
+        if self._stream_reader is None:
+            self._stream_reader = make()
+        return self._stream_reader
 
     @property
     def is_infinite(self) -> bool:
@@ -185,16 +194,7 @@ class BatchSource:
             self._pydataset.on_epoch_end()
 
     def numpy_batches(self, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Iterator[Any]:
-        """The global batches of one epoch as numpy arrays, without the first `skip_batches` (as `epoch()`).
-
-        For a stream, the same reader every epoch (examples it holds toward the next global batch are
-        kept for the next epoch); `skip_batches` applies when it is first made.
-        """
-        if self.is_stream:
-            if self._stream_batches is None:
-                regrouped = _rebatch(self._read_batches(), self.global_batch_size, self.drop_remainder)
-                self._stream_batches = itertools.islice(regrouped, skip_batches, None)
-            return self._stream_batches
+        """The global batches of one epoch as numpy arrays, without the first `skip_batches` (as `epoch()`)."""
         if self._arrays is not None:
             arrays = keras.tree.map_structure(lambda a: a[self._order(epoch, skip_batches, seed)], self._arrays)
             return _slices(arrays, self.global_batch_size, self.drop_remainder)

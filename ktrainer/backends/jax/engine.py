@@ -94,8 +94,9 @@ class JaxEngine(Engine):
     # ----- data --------------------------------------------------------------------------------
 
     def batches(self, source: Any, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Iterator[Any]:
-        """Numpy global batches of the epoch (placed on the devices by the runner)."""
-        return source.numpy_batches(epoch, skip_batches, seed)
+        """Numpy global batches of the epoch, placed on the devices by the runner (a stream's one reader,
+        `source.reader`)."""
+        return source.reader(lambda: source.numpy_batches(epoch, skip_batches, seed))
 
     def place(self, batch: Any, *, stacked: bool = False) -> Any:
         """Put a global batch (or N stacked ones) on the mesh, split along the batch when it divides evenly."""

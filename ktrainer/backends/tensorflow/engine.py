@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +28,6 @@ class TensorFlowEngine(Engine):
     def __init__(self, plan: Any) -> None:
         super().__init__(plan)
         self.strategy: tf.distribute.Strategy | None = None
-        self._streams: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # a stream's one reader
 
     def start(self) -> None:
         """Make the plan's strategy (once per Trainer)."""
@@ -87,14 +85,9 @@ class TensorFlowEngine(Engine):
         return CompiledSteps(step, self.strategy, discover_outputs(step, source.element_spec))
 
     def batches(self, source: Any, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Iterator[Any]:
-        """The strategy's distributed iterator over the epoch's tf.data.Dataset; for a stream (a one-shot
-        iterator), the same iterator every epoch, so what it buffered toward the next batch is kept."""
-        if source.is_stream:
-            if source not in self._streams:
-                self._streams[source] = iter(self.strategy.experimental_distribute_dataset(
-                    source.epoch(epoch, skip_batches, seed)))
-            return self._streams[source]
-        return iter(self.strategy.experimental_distribute_dataset(source.epoch(epoch, skip_batches, seed)))
+        """The strategy's distributed iterator over the epoch's tf.data.Dataset (a stream's one, `source.reader`)."""
+        return source.reader(
+            lambda: iter(self.strategy.experimental_distribute_dataset(source.epoch(epoch, skip_batches, seed))))
 
     def predict(self, module: Any, source: Any) -> list[Any]:
         """The compiled predict step over every global batch."""
