@@ -103,8 +103,7 @@ def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: d
     else:
         directory, name = split_checkpoint_url(ckpt_path, storage_options)
         io = FsspecCheckpointIO(directory)
-        if not directory.fs.exists(f"{directory.path.rstrip('/')}/{name}/{MANIFEST}") and \
-                directory.fs.exists(f"{directory.path.rstrip('/')}/{name}/checkpoints"):
+        if not directory.join(name, MANIFEST).exists() and directory.join(name, "checkpoints").exists():
             raise CheckpointError(f"ckpt_path={ckpt_path!r} is a run's folder, not a checkpoint. Pass "
                                   f"ckpt_path='last' with this run's default_root_dir, or one of its checkpoints "
                                   f"({ckpt_path.rstrip('/')}/checkpoints/step-...).")
@@ -143,7 +142,7 @@ def _in_checkpoint_dir(ckpt_path: str, checkpoint_dir: Location) -> str:
     if "/" in name or os.sep in name:
         return ""
     candidate = checkpoint_dir.join(name)
-    if not candidate.fs.exists(f"{candidate.path.rstrip('/')}/{MANIFEST}"):
+    if not candidate.join(MANIFEST).exists():
         return ""
     return f" This run's checkpoint directory has one of that name: pass ckpt_path={candidate.url!r}."
 
