@@ -2,14 +2,16 @@
 
 On a machine without GPUs, `devices=N` gives N virtual CPU devices (`jax_num_cpu_devices`), as the
 TensorFlow engine splits the CPU into logical devices; this must happen before JAX runs anything.
-With `num_nodes > 1` the processes meet through `keras.distribution.initialize` (jax.distributed):
-`ktrainer launch` sets the coordinator's address, the process count and each process's id.
+With `num_nodes > 1`, or in processes a launcher started (Keras's variables name several), the processes
+meet through `keras.distribution.initialize` (jax.distributed): `ktrainer launch` sets the coordinator's
+address, the process count and each process's id.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +21,7 @@ import keras
 from ktrainer.backends.device_list import requested_indices
 from ktrainer.checks import check_choice, check_int
 
-__all__ = ["JaxDevicePlan", "plan_devices", "COORDINATOR", "NUM_PROCESSES", "PROCESS_ID"]
+__all__ = ["JaxDevicePlan", "plan_devices", "joins_processes", "COORDINATOR", "NUM_PROCESSES", "PROCESS_ID"]
 
 log = logging.getLogger("ktrainer")
 
@@ -81,7 +83,12 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
     check_choice("strategy", strategy, STRATEGIES)
     requested = requested_indices(devices)  # checked before JAX starts
     count = None if requested is None else max(requested) + 1
-    if num_nodes > 1 or strategy == "multi_worker":
+    together = joins_processes(num_nodes, strategy, os.environ)
+    if together and strategy == "one_device":
+        raise ValueError(f"strategy='one_device' conflicts with several processes training together (num_nodes="
+                         f"{num_nodes}, {NUM_PROCESSES}={os.environ.get(NUM_PROCESSES)}). Use strategy='data_parallel' "
+                         "(or 'auto').")
+    if together:
         _join_processes(num_nodes)
     elif count is not None and count > 1 and accelerator in ("auto", "cpu"):
         _virtual_cpus(count, devices)
@@ -96,9 +103,21 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
     if strategy == "one_device" and len(indices) > 1:
         raise ValueError(f"strategy='one_device' conflicts with devices={devices!r} ({len(indices)} devices). "
                          "Use strategy='data_parallel' (or 'auto'), or devices=1.")
-    several = len(indices) > 1 or num_nodes > 1
-    return JaxDevicePlan(accelerator, tuple(indices), "data_parallel" if several else "one_device",
-                         max(num_nodes, jax.process_count()))
+    processes = max(num_nodes, jax.process_count())
+    several = len(indices) > 1 or processes > 1
+    return JaxDevicePlan(accelerator, tuple(indices), "data_parallel" if several else "one_device", processes)
+
+
+def joins_processes(num_nodes: int, strategy: str, environ: Mapping[str, str]) -> bool:
+    """Whether this process trains with others: `num_nodes > 1`, strategy "multi_worker", or a launcher that
+    named several processes in Keras's variables (as a TF_CONFIG cluster does on TensorFlow).
+
+    Without the last case, `ktrainer launch --nodes 2 -- ktrainer fit ...` would start two runs that each train
+    alone and both write as process 0.
+    """
+    launched = environ.get(NUM_PROCESSES, "1")
+    return (num_nodes > 1 or strategy == "multi_worker"
+            or (COORDINATOR in environ and launched.isdigit() and int(launched) > 1))
 
 
 def _device_indices(requested: list[int] | None, devices: Any, accelerator: str, visible: int) -> list[int]:
@@ -141,5 +160,10 @@ def _join_processes(num_nodes: int) -> None:
     processes = int(os.environ.get(NUM_PROCESSES, num_nodes))
     if num_nodes > 1 and processes != num_nodes:
         raise ValueError(f"num_nodes={num_nodes}, but {NUM_PROCESSES}={processes}. Make them agree.")
-    keras.distribution.initialize(address, processes, int(os.environ[PROCESS_ID]))
+    process_id = os.environ.get(PROCESS_ID, "")
+    if not process_id.isdigit() or int(process_id) >= processes:
+        raise ValueError(f"{PROCESS_ID}={process_id!r}: each of the {processes} processes needs its own id, 0 to "
+                         f"{processes - 1} (0 on the coordinator's host). Set it per process, or start them with "
+                         f"`ktrainer launch --nodes {processes} -- <command>`.")
+    keras.distribution.initialize(address, processes, int(process_id))
     log.info("Joined %d processes through %s as process %d.", processes, address, jax.process_index())

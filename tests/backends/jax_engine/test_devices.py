@@ -9,7 +9,14 @@ from __future__ import annotations
 import jax
 import pytest
 
-from ktrainer.backends.jax.devices import COORDINATOR, NUM_PROCESSES, PROCESS_ID, JaxDevicePlan, plan_devices
+from ktrainer.backends.jax.devices import (
+    COORDINATOR,
+    NUM_PROCESSES,
+    PROCESS_ID,
+    JaxDevicePlan,
+    joins_processes,
+    plan_devices,
+)
 
 pytestmark = pytest.mark.jax_only
 
@@ -78,5 +85,42 @@ def test_a_process_count_that_disagrees_with_num_nodes_is_refused_before_joining
     monkeypatch.setenv(NUM_PROCESSES, "3")
     monkeypatch.setenv(PROCESS_ID, "0")
     with pytest.raises(ValueError, match=f"num_nodes=2, but {NUM_PROCESSES}=3. Make them agree."):
+        plan_devices(num_nodes=2)
+    assert not jax.distributed.is_initialized()
+
+
+LAUNCHED = {COORDINATOR: "127.0.0.1:1234", NUM_PROCESSES: "2", PROCESS_ID: "1"}
+
+
+@pytest.mark.parametrize(("num_nodes", "strategy", "environ", "joins"), [
+    (1, "auto", {}, False),
+    (2, "auto", {}, True),
+    (1, "multi_worker", {}, True),
+    (1, "auto", LAUNCHED, True),  # `ktrainer launch --nodes 2 -- ktrainer fit ...`, no num_nodes in the script
+    (1, "data_parallel", LAUNCHED, True),
+    (1, "auto", {**LAUNCHED, NUM_PROCESSES: "1"}, False),
+    (1, "auto", {NUM_PROCESSES: "2"}, False),  # no coordinator named: not started by a launcher
+])
+def test_a_process_joins_the_others_when_asked_or_when_a_launcher_started_several(num_nodes, strategy, environ, joins):
+    assert joins_processes(num_nodes, strategy, environ) is joins
+
+
+def test_one_device_in_a_launched_group_is_refused_before_joining(monkeypatch):
+    for name, value in LAUNCHED.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match="strategy='one_device' conflicts with several processes"):
+        plan_devices(strategy="one_device")
+    assert not jax.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("process_id", [None, "two", "2"])
+def test_a_missing_or_impossible_process_id_is_refused_before_joining(monkeypatch, process_id):
+    monkeypatch.setenv(COORDINATOR, "127.0.0.1:1")  # never contacted: the check comes first
+    monkeypatch.setenv(NUM_PROCESSES, "2")
+    if process_id is None:
+        monkeypatch.delenv(PROCESS_ID, raising=False)
+    else:
+        monkeypatch.setenv(PROCESS_ID, process_id)
+    with pytest.raises(ValueError, match=f"{PROCESS_ID}=.*each of the 2 processes needs its own id, 0 to 1"):
         plan_devices(num_nodes=2)
     assert not jax.distributed.is_initialized()

@@ -19,7 +19,8 @@ import ktrainer as kt
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository, for tests.backends.leg_run
 from tests.backends.leg_run import Net, data  # noqa: E402
 
-trainer = kt.Trainer(max_epochs=2, batch_size=8, num_nodes=2, seed=0, default_root_dir=sys.argv[1],
+# No num_nodes: the launcher's variables say this process is one of two, as TF_CONFIG does on TensorFlow.
+trainer = kt.Trainer(max_epochs=2, batch_size=8, seed=0, default_root_dir=sys.argv[1],
                      enable_progress_bar=False, logger=True)
 module = Net()
 x, y = data()
