@@ -10,6 +10,7 @@ from typing import Any
 
 import keras
 
+from ktrainer.compat.keras_internals import tensorflow_left_alone
 from ktrainer.logs import quietly
 from ktrainer.loop_state import TrainerState
 from ktrainer.reporting import call_hook
@@ -35,7 +36,8 @@ def call_scope(trainer: Any, stage: str, module: Any) -> Iterator[None]:
         if stage == "fit":
             trainer.precision.reset()
             if trainer.seed is not None:
-                keras.utils.set_random_seed(trainer.seed)
+                with tensorflow_left_alone():  # on JAX, TensorFlow is seeded only if the user imported it
+                    keras.utils.set_random_seed(trainer.seed)
         module.setup(stage)
         call_hook(trainer.callbacks, "setup", trainer, module, stage)
         yield

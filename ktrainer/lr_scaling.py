@@ -7,6 +7,8 @@ from typing import Any
 
 import keras
 
+from ktrainer.compat.keras_internals import tensorflow_left_alone
+
 __all__ = ["scale_learning_rate", "ScaledSchedule", "LR_SCALINGS"]
 
 LR_SCALINGS = (None, "sqrt", "linear")
@@ -31,12 +33,14 @@ class ScaledSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self) -> dict:
         """Serializable config."""
-        return {"schedule": keras.saving.serialize_keras_object(self.schedule), "factor": self.factor}
+        with tensorflow_left_alone():
+            return {"schedule": keras.saving.serialize_keras_object(self.schedule), "factor": self.factor}
 
     @classmethod
     def from_config(cls, config: dict) -> ScaledSchedule:
         """Rebuild from `get_config`."""
-        return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["factor"])
+        with tensorflow_left_alone():
+            return cls(keras.saving.deserialize_keras_object(config["schedule"]), config["factor"])
 
 
 def scale_learning_rate(optimizer: Any, scaling: str | None, replicas: int) -> float:

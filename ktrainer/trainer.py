@@ -90,8 +90,8 @@ class Trainer:
         gradient_clip_val: Clip gradients to this global norm; None: no clipping.
         accumulate_grad_batches: Average the gradients of this many batches per optimizer step.
         steps_per_execution: Batches run inside one compiled call (less Python overhead).
-        seed: Seeds python, numpy, tensorflow and keras at the start of `fit`, and the
-            per-epoch shuffle of numpy data; None draws a shuffle seed and seeds nothing.
+        seed: Seeds python, numpy, keras and tensorflow (on JAX, only if already imported) at the start
+            of `fit`, and the per-epoch shuffle of numpy data; None draws a shuffle seed and seeds nothing.
         fast_dev_run: True (or N) runs 1 (or N) training and validation batches, one epoch,
             without loggers or checkpoints: a quick check that everything runs.
         default_root_dir: Where logs (and checkpoints) go: a local path or any fsspec URL.

@@ -24,6 +24,7 @@ from ktrainer.checkpoint.retention import Entry, Retention, to_delete
 from ktrainer.checkpoint.snapshot import freeze, to_files
 from ktrainer.checkpoint.variables import read_value
 from ktrainer.checks import check_bool, check_choice, check_int, check_path, check_storage_options
+from ktrainer.compat.keras_internals import tensorflow_left_alone
 from ktrainer.fs import Location
 from ktrainer.run import MAX_LINEAGE
 
@@ -378,7 +379,8 @@ def _versions() -> dict[str, str]:
 
 def _model_config(model: keras.Model) -> dict | None:
     try:
-        config = keras.saving.serialize_keras_object(model)
+        with tensorflow_left_alone():
+            config = keras.saving.serialize_keras_object(model)
         json.dumps(config)
         return config
     except Exception:  # noqa: BLE001 - a subclassed model without get_config is fine: no export config

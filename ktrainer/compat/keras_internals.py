@@ -1,4 +1,4 @@
-"""The two Keras internals ktrainer cannot do without, in one place, checked when this module is imported.
+"""The Keras internals ktrainer cannot do without, in one place, checked when this module is imported.
 
 - `keras.src.losses.loss.scale_loss_for_distribution`: inside a tf.distribute replica, Keras `Loss`
   objects multiply their mean by 1/replicas, while `keras.ops.mean` does not, so the same Module
@@ -7,14 +7,19 @@
   itself, exactly once. Only the tracing is affected: Python code of a compiled step runs only then.
 - `keras.src.random.seed_generator.global_seed_generator`: the state of Keras's global random
   generator (dropout without an explicit seed uses it), saved in checkpoints for an exact resume.
+- `keras.src.utils.module_utils.tensorflow`: Keras's lazy handle on TensorFlow. `keras.utils.set_random_seed`
+  and `keras.saving.serialize_keras_object` ask it whether TensorFlow is installed, which imports it
+  (about 400 MiB and 1.5 s) even on the JAX backend. `tensorflow_left_alone` makes them take an
+  unimported TensorFlow for absent, so a JAX run imports no TensorFlow even where it is installed.
 
-A Keras release that moved or renamed either fails the import with a message naming it, rather
+A Keras release that moved or renamed one fails the import with a message naming it, rather
 than training with silently different numbers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,19 +29,23 @@ import keras
 try:
     from keras.src.losses import loss as _keras_loss
     from keras.src.random.seed_generator import global_seed_generator
+    from keras.src.utils import module_utils as _module_utils
 except ImportError as error:  # pragma: no cover - depends on the installed Keras
     raise ImportError(f"ktrainer needs Keras internals that keras {keras.__version__} does not have ({error}); "
                       "install a Keras release ktrainer supports (see pyproject.toml).") from error
 
-__all__ = ["unscaled_losses", "with_unscaled_losses", "keras_seed_state"]
+__all__ = ["unscaled_losses", "with_unscaled_losses", "keras_seed_state", "tensorflow_left_alone"]
 
 
 def _check() -> None:
     scale = getattr(_keras_loss, "scale_loss_for_distribution", None)
-    if not callable(scale) or not callable(global_seed_generator):
-        raise ImportError(f"keras {keras.__version__} changed keras.src.losses.loss.scale_loss_for_distribution or "
-                          "keras.src.random.seed_generator.global_seed_generator, which ktrainer relies on; install "
-                          "a Keras release ktrainer supports (see pyproject.toml).")
+    lazy_tensorflow = getattr(_module_utils, "tensorflow", None)
+    if (not callable(scale) or not callable(global_seed_generator)
+            or not hasattr(lazy_tensorflow, "_available") or not hasattr(type(lazy_tensorflow), "available")):
+        raise ImportError(f"keras {keras.__version__} changed keras.src.losses.loss.scale_loss_for_distribution, "
+                          "keras.src.random.seed_generator.global_seed_generator or "
+                          "keras.src.utils.module_utils.tensorflow, which ktrainer relies on; install a Keras "
+                          "release ktrainer supports (see pyproject.toml).")
 
 
 _check()
@@ -83,3 +92,34 @@ def with_unscaled_losses(step: Callable[..., Any]) -> Callable[..., Any]:
 def keras_seed_state() -> Any:
     """The variable holding Keras's global random generator's state."""
     return global_seed_generator().state
+
+
+_tensorflow_lock = threading.Lock()
+_tensorflow_depth = 0
+
+
+@contextlib.contextmanager
+def tensorflow_left_alone() -> Iterator[None]:
+    """Within this block, Keras takes TensorFlow for not installed unless it is imported already or is the backend.
+
+    `keras.utils.set_random_seed` then seeds Python, NumPy and Keras (and TensorFlow only when the user's own
+    code imported it, e.g. for tf.data), and `keras.saving.serialize_keras_object` skips its TensorFlow type
+    checks, which cannot match an object of a process that never imported TensorFlow. Nested and concurrent
+    blocks are counted; Keras asks again after the last one ends.
+    """
+    global _tensorflow_depth
+    lazy = _module_utils.tensorflow
+    if "tensorflow" in sys.modules or keras.config.backend() == "tensorflow":
+        yield
+        return
+    with _tensorflow_lock:
+        if _tensorflow_depth == 0 and lazy.module is None:
+            lazy._available = False
+        _tensorflow_depth += 1
+    try:
+        yield
+    finally:
+        with _tensorflow_lock:
+            _tensorflow_depth -= 1
+            if _tensorflow_depth == 0 and lazy.module is None:
+                lazy._available = None

@@ -1,7 +1,7 @@
 """TensorBoard event files, written locally or staged locally and uploaded to any fsspec URL.
 
-Written with the `tensorboard` package's own event-file writer, so logging needs no TensorFlow: the
-same tags, steps and summary format (`tf.summary.scalar`'s) on every Keras backend.
+Written in the `tensorboard` package's record and summary format (`event_file.py`), so logging needs and
+imports no TensorFlow: the same tags, steps and summaries (`tf.summary.scalar`'s) on every Keras backend.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.plugins.hparams.summary_v2 import hparams_pb
 from tensorboard.plugins.scalar.summary_v2 import scalar_pb
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from ktrainer.loggers.event_file import EventFile
 from ktrainer.loggers.logger import Logger
 
 __all__ = ["TensorBoardLogger"]
@@ -55,17 +55,16 @@ class TensorBoardLogger(Logger):
         self._hparams_dir: str | None = None  # the canonical URL of the folder that holds the hyperparameters
 
     @property
-    def writer(self) -> EventFileWriter:
+    def writer(self) -> EventFile:
         """The event-file writer (created at first use, by the chief only: elsewhere nothing is written)."""
         if self._writer is None:
             location = self.location
             if location.is_local:
-                os.makedirs(location.path, exist_ok=True)
                 directory = location.path
             else:
                 self._staging = tempfile.mkdtemp(prefix="ktrainer-tb-")
                 directory = self._staging
-            self._writer = EventFileWriter(directory, flush_secs=self.flush_secs)
+            self._writer = EventFile(directory)
         return self._writer
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
