@@ -1,4 +1,5 @@
-"""The loggers and callbacks a Trainer gets from its arguments: the built-ins the user did not give, then theirs."""
+"""The loggers and callbacks a Trainer gets from its arguments: the built-ins the user did not give, then theirs,
+and every ModelCheckpoint last."""
 
 from __future__ import annotations
 
@@ -35,8 +36,12 @@ def resolve_loggers(logger: Any) -> list[Logger]:
 
 def default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, has_logger: bool,
                        checkpointing: bool) -> list:
-    """The built-ins the user did not give (checkpoint, progress bar, LR and throughput monitors), then the given ones.
+    """The built-ins the user did not give (checkpoint, progress bar, LR and throughput monitors), then the given ones,
+    with every ModelCheckpoint moved to the end (in their order).
 
+    A checkpoint saved in a hook then holds what every other callback did in that hook: a counter
+    advanced, a rate cut by ReduceLROnPlateau at the epoch's end. Saved before them, a resumed run would
+    lose it (Lightning orders checkpoint callbacks last for the same reason).
     Keras callbacks are wrapped to run at their equivalent points (`callbacks/keras_adapter.py`).
 
     Raises:
@@ -63,4 +68,6 @@ def default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, 
         defaults.append(LearningRateMonitor())
     if has_logger and not any(isinstance(c, ThroughputMonitor) for c in given):
         defaults.append(ThroughputMonitor())
-    return defaults + given
+    ordered = defaults + given
+    return ([each for each in ordered if not isinstance(each, ModelCheckpoint)]
+            + [each for each in ordered if isinstance(each, ModelCheckpoint)])

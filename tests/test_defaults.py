@@ -15,12 +15,21 @@ def kinds(callbacks) -> list[str]:
     return [type(each).__name__ for each in callbacks]
 
 
-def test_every_built_in_comes_before_the_given_ones():
+def test_every_built_in_comes_before_the_given_ones_and_the_checkpoint_last():
     mine = kt.callbacks.EarlyStopping()
     callbacks = default_callbacks([mine], progress_bar=True, has_logger=True, checkpointing=True)
-    assert kinds(callbacks) == ["ModelCheckpoint", "ProgressBar", "LearningRateMonitor", "ThroughputMonitor",
-                                "EarlyStopping"]
-    assert callbacks[-1] is mine
+    assert kinds(callbacks) == ["ProgressBar", "LearningRateMonitor", "ThroughputMonitor", "EarlyStopping",
+                                "ModelCheckpoint"]
+    assert callbacks[-2] is mine
+
+
+def test_given_checkpoints_move_to_the_end_in_their_order_and_the_rest_keep_theirs():
+    first, second = kt.callbacks.ModelCheckpoint(every_n_train_steps=5), kt.callbacks.ModelCheckpoint(
+        dirpath="best", monitor="val/loss", save_top_k=1)
+    stopper, monitor = kt.callbacks.EarlyStopping(), kt.callbacks.LearningRateMonitor()
+    callbacks = default_callbacks([first, stopper, second, monitor], progress_bar=False, has_logger=False,
+                                  checkpointing=True)
+    assert callbacks == [stopper, monitor, first, second]
 
 
 def test_a_given_built_in_replaces_the_default_and_nothing_is_added_when_turned_off():

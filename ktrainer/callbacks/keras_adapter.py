@@ -9,6 +9,7 @@ batch's logs. Setting `model.stop_training = True` stops the run at the next che
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -67,6 +68,7 @@ class KerasCallback(Callback):
     def __init__(self, callback: keras.callbacks.Callback) -> None:
         self.callback = callback
         self._epoch_logs: dict[str, float] = {}
+        self._resumed: dict[str, Any] | None = None  # what a checkpoint gave back, until on_train_begin has run
 
     @property
     def state_key(self) -> str:
@@ -90,9 +92,13 @@ class KerasCallback(Callback):
             trainer.stop_reason = f"{type(self.callback).__name__} set model.stop_training"
 
     def on_fit_start(self, trainer: Any, module: Any) -> None:
-        """`on_train_begin`."""
+        """`on_train_begin`; in a resumed run, then the saved attributes again, as Keras callbacks reset
+        themselves there (ReduceLROnPlateau's `wait` and `best`, EarlyStopping's)."""
         self._attach(trainer, module)
         self.callback.on_train_begin(logs={})
+        if self._resumed is not None:
+            self._put_back(self._resumed)
+            self._resumed = None
 
     def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
         """`on_epoch_begin`."""
@@ -152,12 +158,37 @@ class KerasCallback(Callback):
         self.callback.on_predict_end(logs={})
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped callback's plain attributes (numbers, strings: e.g. ReduceLROnPlateau's `wait`, `best`,
-        `cooldown_counter`), so a resumed run continues its schedule."""
+        """The wrapped callback's plain attributes (numbers, strings) that are not its constructor's arguments:
+        what it counts (ReduceLROnPlateau's `wait`, `best`, `cooldown_counter`; EarlyStopping's), so a resumed
+        run continues its schedule, while its settings are the ones the resuming script gives."""
+        settings = constructor_arguments(self.callback)
         return {name: value for name, value in vars(self.callback).items()
-                if isinstance(value, bool | int | float | str) and name not in ("_chief_worker_only",)}
+                if isinstance(value, bool | int | float | str) and name not in settings
+                and name != "_chief_worker_only"}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Put back the plain attributes `state_dict` saved."""
+        """Put back the attributes `state_dict` saved (and again after `on_train_begin` resets them)."""
+        settings = constructor_arguments(self.callback)  # a checkpoint of an earlier version saved them too
+        self._resumed = {name: value for name, value in state.items() if name not in settings}
+        self._put_back(self._resumed)
+
+    def _put_back(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             setattr(self.callback, name, value)
+
+
+def constructor_arguments(callback: Any) -> set[str]:
+    """The names of the arguments of the `__init__` of `callback`'s class and its bases (its settings).
+
+    Keras keeps a setting as an attribute of the same name, and may change it as it runs (a monitor callback
+    negates `min_delta` when it first compares): put back from a checkpoint, it would be changed twice.
+    """
+    names: set[str] = set()
+    for kind in type(callback).__mro__:
+        init = kind.__dict__.get("__init__")
+        if init is not None and kind is not object:
+            try:
+                names.update(inspect.signature(init).parameters)
+            except (TypeError, ValueError):  # a builtin's __init__ without a signature
+                continue
+    return names - {"self", "args", "kwargs"}

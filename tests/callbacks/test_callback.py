@@ -56,3 +56,36 @@ def test_every_hook_is_documented_and_a_no_op():
             assert member.__doc__, name
     assert base.state_dict() == {}
     assert base.state_key == "Callback"
+
+
+class Counts(kt.callbacks.Callback):
+    """State a callback advances in the hooks where checkpoints are saved."""
+
+    def __init__(self):
+        self.batches = self.epochs = 0
+
+    def on_train_batch_end(self, trainer, module, metrics, batch_idx):
+        self.batches += 1
+
+    def on_train_epoch_end(self, trainer, module):
+        self.epochs += 1
+
+    def state_dict(self):
+        return {"batches": self.batches, "epochs": self.epochs}
+
+    def load_state_dict(self, state):
+        self.batches, self.epochs = state["batches"], state["epochs"]
+
+
+@pytest.mark.parametrize("save", [{"every_n_epochs": 1}, {"every_n_train_steps": 2, "every_n_epochs": None}])
+def test_a_checkpoint_holds_what_the_other_callbacks_did_in_the_hook_it_was_saved_in(tmp_path, quiet, save):
+    def run(max_epochs, ckpt_path=None):
+        counts = Counts()
+        callbacks = [kt.callbacks.ModelCheckpoint(save_last=False, **save), counts]  # the checkpoint given first
+        kt.Trainer(max_epochs=max_epochs, batch_size=128, default_root_dir=str(tmp_path), callbacks=callbacks,
+                   **quiet).fit(Classifier(), ckpt_path=ckpt_path)
+        return counts
+
+    run(max_epochs=2)  # saved at the end of its last epoch (or of its last step): nothing after the save
+    resumed = run(max_epochs=3, ckpt_path="last")
+    assert (resumed.epochs, resumed.batches) == (3, 6)  # 2 batches an epoch, as if the run had never stopped

@@ -40,6 +40,29 @@ def test_reduce_lr_on_plateau_lowers_the_real_learning_rate_as_tensorboard_shows
     assert logged[0][1] == pytest.approx(0.01) and logged[-1][1] == pytest.approx(0.005)  # the rate epoch 3 used
 
 
+def test_a_resumed_reduce_lr_on_plateau_continues_its_count_though_keras_resets_it_at_train_begin(tmp_path):
+    def plateau():  # every epoch after the first fails to improve by 10; two such epochs halve the rate
+        return keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.5, patience=2, min_delta=10.0)
+
+    straight = LearningRates()
+    trainer(tmp_path / "straight", plateau(), straight, max_epochs=4).fit(Classifier())
+    assert straight.rates == pytest.approx([0.01, 0.01, 0.005, 0.005])
+    trainer(tmp_path / "run", plateau(), max_epochs=2).fit(Classifier())  # stops with one epoch waited
+    resumed = LearningRates()
+    trainer(tmp_path / "run", plateau(), resumed, max_epochs=4).fit(Classifier(), ckpt_path="last")
+    assert resumed.rates == pytest.approx([0.005, 0.005])
+
+
+def test_a_checkpoint_keeps_what_a_keras_callback_counted_and_the_resuming_script_gives_its_settings():
+    saved = kt.callbacks.keras_adapter.KerasCallback(keras.callbacks.ReduceLROnPlateau(patience=2, min_delta=10.0))
+    saved.callback.wait, saved.callback.best, saved.callback.min_delta = 1, 0.5, -10.0  # as after a first compare
+    state = saved.state_dict()
+    assert state == {"wait": 1, "best": 0.5, "cooldown_counter": 0}
+    resuming = kt.callbacks.keras_adapter.KerasCallback(keras.callbacks.ReduceLROnPlateau(patience=5, min_delta=1.0))
+    resuming.load_state_dict({**state, "patience": 2, "min_delta": -10.0})  # an earlier version saved settings too
+    assert (resuming.callback.wait, resuming.callback.patience, resuming.callback.min_delta) == (1, 5, 1.0)
+
+
 def test_keras_early_stopping_with_restore_best_weights_restores_them():
     stopper = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=10.0, restore_best_weights=True)
     weights = []
