@@ -141,6 +141,7 @@ def run_export(args: argparse.Namespace) -> int:
     import numpy as np
 
     from ktrainer.checkpoint.snapshot import from_files
+    from ktrainer.compat.keras_internals import tensorflow_left_alone
     from ktrainer.fs import Location
 
     io, names = checkpoints_at(args.uri, args.storage_options)
@@ -155,12 +156,14 @@ def run_export(args: argparse.Namespace) -> int:
     if config is None:
         raise ValueError(f"{args.uri} holds no model config (a subclassed model without get_config); export it "
                          "from Python with model.save() after loading, or use ModelCheckpoint(export_keras=True).")
-    model = keras.saving.deserialize_keras_object(config)
+    with tensorflow_left_alone():  # on JAX, Keras would import TensorFlow to check types no object here has
+        model = keras.saving.deserialize_keras_object(config)
     for variable, array in zip(model.variables, state["model"].values(), strict=True):
         variable.assign(np.asarray(array))
     with tempfile.TemporaryDirectory() as folder:
         local = os.path.join(folder, "model.keras")
-        model.save(local)
+        with tensorflow_left_alone():
+            model.save(local)
         target = Location(args.output, args.storage_options)
         parent, _, name = target.url.rpartition("/")
         Location(parent or ".", args.storage_options).upload(local, name)

@@ -3,7 +3,8 @@
     KERAS_BACKEND=jax python tensorflow_watch_run.py ROOT [--import-tensorflow-first]
 
 Trains with a seed, the default TensorBoard logger and checkpoints, a scaled learning-rate schedule and
-16-mixed; stops, resumes from "last", validates a checkpoint and predicts. Prints `RESULT {json}`: where
+16-mixed; stops, resumes from "last", validates a checkpoint, predicts, and exports the last checkpoint
+as a .keras file (`ktrainer ckpt export`). Prints `RESULT {json}`: where
 TensorFlow was first imported (the stack, or None) and, with --import-tensorflow-first (a user's tf.data
 pipeline), whether the seed reached TensorFlow's random generator.
 """
@@ -36,6 +37,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import ktrainer as kt  # noqa: E402
+from ktrainer.cli.main import main as ktrainer_command  # noqa: E402
 
 
 class Net(kt.Module):
@@ -69,10 +71,11 @@ resumed = trainer(max_epochs=2)
 resumed.fit(Net(), (x, y), (x, y), ckpt_path="last")
 resumed.validate(Net(), (x, y), ckpt_path="last")
 resumed.predict(resumed._module, x)
+exported = ktrainer_command(["ckpt", "export", f"{sys.argv[1]}/checkpoints", f"{sys.argv[1]}/model.keras"])
 seeded = None
 if tensorflow_first:
     drawn = float(tf.random.uniform(()))
     tf.random.set_seed(3)
     seeded = drawn == float(tf.random.uniform(()))  # the Trainer's seed=3 had set TensorFlow's global seed
-print("RESULT", json.dumps({"step": resumed.global_step, "first_import": WatchTensorFlow.first,
+print("RESULT", json.dumps({"step": resumed.global_step, "exported": exported, "first_import": WatchTensorFlow.first,
                             "tensorflow_seeded": seeded}), flush=True)

@@ -1,5 +1,6 @@
 """A JAX run imports no TensorFlow even where it is installed: seeding, TensorBoard logs, checkpoints (with
-the model's config) and a scaled schedule included. A user's own TensorFlow (for tf.data) is still seeded.
+the model's config), a scaled schedule and `ktrainer ckpt export` included.
+A user's own TensorFlow (for tf.data) is still seeded.
 
 Runs in the TensorFlow session, which has TensorFlow installed, each case in a fresh JAX process.
 """
@@ -25,10 +26,11 @@ def watched_run(root: Path, *flags: str) -> dict:
 
 def test_a_whole_jax_run_never_imports_the_installed_tensorflow(tmp_path):
     result = watched_run(tmp_path)
-    assert result["step"] == 16
+    assert result["step"] == 16 and result["exported"] == 0
     assert result["first_import"] is None, f"TensorFlow was imported from:\n{result['first_import']}"
     assert list((tmp_path / "checkpoints").iterdir())  # the checkpoints and the logs were written
     assert list((tmp_path / "tensorboard" / "version_0").glob("events.out.tfevents.*"))
+    assert (tmp_path / "model.keras").stat().st_size > 0
 
 
 def test_the_seed_still_reaches_tensorflow_when_the_users_script_imported_it(tmp_path):
