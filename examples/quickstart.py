@@ -20,7 +20,7 @@ class Classifier(kt.Module):
     def configure_optimizers(self):
         return keras.optimizers.Adam(self.lr)
 
-    def training_step(self, batch):              # runs inside a compiled tf.function
+    def training_step(self, batch):              # runs inside the compiled step
         x, y = batch
         logits = self.model(x, training=True)
         self.log("train/acc", keras.ops.mean(keras.metrics.sparse_categorical_accuracy(y, logits)), prog_bar=True)
@@ -45,4 +45,4 @@ trainer.fit(Classifier(lr=1e-2), train_data=(x_train, y_train), val_data=(x_val,
 trainer = kt.Trainer(max_epochs=5, batch_size=32, seed=0, default_root_dir="runs/exp1")
 module = Classifier(lr=1e-2)
 trainer.fit(module, train_data=(x_train, y_train), val_data=(x_val, y_val), ckpt_path="last")
-print(trainer.validate(module, (x_val, y_val)))  # {'val/acc': 0.957..., 'val/loss': 0.110...}
+print(trainer.validate(module, (x_val, y_val)))  # {'val/acc': 0.957..., 'val/loss': 0.110...} on TF

@@ -11,6 +11,9 @@ from ktrainer.data import BatchSource, split_for_validation
 
 __all__ = ["choose_source", "split_training_data", "shuffle_setting"]
 
+_CALLS = {"train_data": "trainer.fit(module, train_data=...)", "val_data": "trainer.validate(module, data)",
+          "test_data": "trainer.test(module, data)", "predict_data": "trainer.predict(module, data)"}
+
 log = logging.getLogger("ktrainer")
 
 
@@ -22,7 +25,7 @@ def choose_source(given: Any, hook: Callable[[], Any], what: str, *, global_batc
     Args:
         given: The data passed to fit/validate/test/predict, or None.
         hook: The module's data hook (`train_data`, `val_data`, ...), asked when nothing was given.
-        what: The data's name in messages ("train_data", "val_data", "predict data").
+        what: The data's name in messages, the module's hook ("train_data", "val_data", "predict_data").
         global_batch_size: Examples per step across all replicas.
         training: Whether it is training data (shuffled each epoch; an epoch must end).
         required: Whether no data is an error (else None is returned).
@@ -36,8 +39,8 @@ def choose_source(given: Any, hook: Callable[[], Any], what: str, *, global_batc
     data = given if given is not None else hook()
     if data is None:
         if required:
-            raise ValueError(f"No {what}: pass it to the Trainer call (e.g. trainer.fit(module, train_data=...)) "
-                             f"or return it from the module's {what.split()[0]}() hook.")
+            raise ValueError(f"No {what}: pass it to the Trainer call ({_CALLS.get(what, 'as its data argument')}) "
+                             f"or return it from the module's {what}() hook.")
         return None
     source = BatchSource(data, global_batch_size, shuffle=training and shuffle, what=what,
                          drop_remainder=training and drop_remainder)

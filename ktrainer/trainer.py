@@ -470,7 +470,7 @@ class Trainer:
         """
         check_module_hooks(module, Module, ("build",))
         with self._run("predict", module):
-            source = self._source(data, module.predict_data, "predict data", training=False, required=True)
+            source = self._source(data, module.predict_data, "predict_data", training=False, required=True)
             self._build(module, with_optimizer=False)
             self._call("on_predict_start", module)
             chunks = self.engine.predict(module, source)

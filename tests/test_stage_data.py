@@ -28,6 +28,16 @@ def test_no_data_is_an_error_only_where_data_is_required():
     assert choose_source(None, lambda: None, "val_data", global_batch_size=16, training=False, required=False) is None
 
 
+@pytest.mark.parametrize(("what", "call"), [("train_data", "trainer.fit(module, train_data=...)"),
+                                            ("val_data", "trainer.validate(module, data)"),
+                                            ("test_data", "trainer.test(module, data)"),
+                                            ("predict_data", "trainer.predict(module, data)")])
+def test_missing_data_names_the_call_and_the_hook_that_give_it(what, call):
+    with pytest.raises(ValueError) as raised:
+        choose_source(None, lambda: None, what, global_batch_size=16, training=False, required=True)
+    assert f"({call}) or return it from the module's {what}() hook" in str(raised.value)
+
+
 def test_only_training_data_is_shuffled_and_drops_a_ragged_remainder():
     data = regression_data(n=40)
     train = choose_source(data, lambda: None, "train_data", global_batch_size=16, training=True, required=True,
