@@ -457,21 +457,26 @@ class Trainer:
         """
         return self._evaluate(module, data, "test_step", "test", "test", ckpt_path)
 
-    def predict(self, module: Module, data: Any = None) -> Any:
+    def predict(self, module: Module, data: Any = None, ckpt_path: str | os.PathLike | None = None) -> Any:
         """Run `module.predict_step` over the data and concatenate the results.
 
         Args:
             module: The Module.
             data: Data to predict on; None: `module.predict_data()`. Tuples are taken as
                 `(x, ...)` by the default predict_step.
+            ckpt_path: Predict with the model weights of a checkpoint ("last", "best", a path or URI);
+                None: the module's current weights.
 
         Returns:
             A numpy array (or a structure of arrays, as predict_step returns), one row per example.
         """
         check_module_hooks(module, Module, ("build",))
+        ckpt_path = check_ckpt_path(ckpt_path)
         with self._run("predict", module):
             source = self._source(data, module.predict_data, "predict_data", training=False, required=True)
             self._build(module, with_optimizer=False)
+            if ckpt_path:
+                load_model_weights(ckpt_path, self.checkpoint_dir, self.storage_options, module.model)
             self._call("on_predict_start", module)
             chunks = self.engine.predict(module, source)
             self._call("on_predict_end", module)

@@ -1,4 +1,4 @@
-"""`validate(ckpt_path=...)` and `test(ckpt_path=...)` evaluate a checkpoint's weights: the same numbers as the model
+"""`validate`, `test` and `predict(ckpt_path=...)` use a checkpoint's weights: the same numbers as the model
 that was saved, nothing else of the run touched, and a checkpoint that does not fit refused before anything changes."""
 
 from __future__ import annotations
@@ -37,6 +37,19 @@ def test_a_fresh_module_evaluated_on_the_last_checkpoint_gives_the_saved_models_
     for saved, loaded in zip(module.model.get_weights(), fresh.model.get_weights(), strict=True):
         np.testing.assert_array_equal(saved, loaded)
     assert evaluating.global_step == 0 and evaluating.optimizer is None  # the run itself is not resumed
+
+
+def test_a_fresh_module_predicts_with_the_last_checkpoints_weights(trained):
+    root, module = trained
+    x, _ = regression_data(24, seed=3)
+    expected = trainer(root).predict(module, x)
+    fresh = Regressor()
+    predicting = trainer(root)
+    predictions = predicting.predict(fresh, x, ckpt_path="last")
+    np.testing.assert_allclose(predictions, expected, rtol=1e-6)
+    assert predicting.global_step == 0 and predicting.optimizer is None
+    with pytest.raises(ValueError, match="ckpt_path"):
+        trainer(root).predict(Regressor(), x, ckpt_path="lst")
 
 
 def test_a_checkpoint_by_its_path_is_evaluated_too(trained):
