@@ -17,6 +17,8 @@ class TrainerState:
         at_epoch_end: True while the epoch-end validation and hooks run.
         validated_this_epoch: True once the current epoch ran a validation at its end.
         logged_step_in_last_execution: True when the last execution reached a log step.
+        logged_steps: The global steps the last execution logged, each with the optimizer updates applied
+            after it within that execution (a per-step value such as the learning rate is read back by them).
     """
 
     stage: str = ""
@@ -24,3 +26,4 @@ class TrainerState:
     at_epoch_end: bool = False
     validated_this_epoch: bool = False
     logged_step_in_last_execution: bool = False
+    logged_steps: tuple[tuple[int, int], ...] = ()

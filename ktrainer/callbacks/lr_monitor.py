@@ -12,12 +12,14 @@ from ktrainer.checks import check_choice
 __all__ = ["LearningRateMonitor", "current_learning_rate"]
 
 
-def current_learning_rate(optimizer: Any) -> float:
-    """The learning rate the optimizer applies at its current iteration (schedules evaluated)."""
+def current_learning_rate(optimizer: Any, updates_ago: int = 0) -> float:
+    """The learning rate the optimizer applies at its current iteration (schedules evaluated), or at the
+    iteration it had `updates_ago` updates before."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     rate = inner._learning_rate
     if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
-        rate = rate(inner.iterations)
+        iteration = inner.iterations
+        rate = rate(iteration if updates_ago == 0 else keras.ops.convert_to_numpy(iteration) - updates_ago)
     return float(keras.ops.convert_to_numpy(rate))
 
 
@@ -38,9 +40,12 @@ class LearningRateMonitor(Callback):
         self._last_logged_step = -1
 
     def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
-        """Log at the log steps that this execution passed."""
-        if self.logging_interval == "step" and trainer.state.logged_step_in_last_execution:
-            self._log(trainer)
+        """Log at every log step this execution passed, each with that step's rate (as one batch per execution
+        would: with `steps_per_execution` > 1 a schedule's rate changes within an execution)."""
+        if self.logging_interval == "step" and trainer.state.logged_steps:
+            trainer.engine.sync()  # on JAX the optimizer's variables are stale while its state is live
+            for step, updates_after in trainer.state.logged_steps:
+                trainer.log_metrics(self._rates(trainer, updates_after), step=step)
 
     def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
         """Log at each epoch start, with interval "epoch"."""
@@ -49,10 +54,15 @@ class LearningRateMonitor(Callback):
 
     def _log(self, trainer: Any) -> None:
         trainer.engine.sync()  # on JAX the optimizer's variables are stale while its state is live
+        trainer.log_metrics(self._rates(trainer, 0))
+
+    @staticmethod
+    def _rates(trainer: Any, updates_ago: int) -> dict[str, float]:
         rates, seen = {}, {}
         for optimizer in trainer.optimizers:
             inner = getattr(optimizer, "inner_optimizer", optimizer)
             kind = type(inner).__name__
             seen[kind] = seen.get(kind, 0) + 1
-            rates[f"lr-{kind}" if seen[kind] == 1 else f"lr-{kind}-{seen[kind] - 1}"] = current_learning_rate(optimizer)
-        trainer.log_metrics(rates)
+            name = f"lr-{kind}" if seen[kind] == 1 else f"lr-{kind}-{seen[kind] - 1}"
+            rates[name] = current_learning_rate(optimizer, updates_ago)
+        return rates

@@ -26,6 +26,19 @@ def test_schedule_values_are_logged_at_each_log_step(tmp_path):
     assert scalars["lr-SGD"] == [(2, pytest.approx(0.025)), (4, pytest.approx(0.00625))]
 
 
+@pytest.mark.parametrize(("steps_per_execution", "accumulate"), [(3, 1), (4, 2)])
+def test_several_steps_per_execution_log_each_steps_rate_as_one_per_execution_does(tmp_path, steps_per_execution,
+                                                                                      accumulate):
+    def logged(root, **arguments):
+        kt.Trainer(max_steps=5, batch_size=16, log_every_n_steps=1, accumulate_grad_batches=accumulate,
+                   default_root_dir=str(root), enable_progress_bar=False, **arguments).fit(Scheduled())
+        return read_scalars(str(root / "tensorboard" / "version_0"))["lr-SGD"]
+
+    expected = [(step, pytest.approx(0.1 * 0.5**step)) for step in range(1, 6)]
+    assert logged(tmp_path / "one") == expected
+    assert logged(tmp_path / "several", steps_per_execution=steps_per_execution) == expected
+
+
 def test_epoch_interval(tmp_path):
     monitor = kt.callbacks.LearningRateMonitor(logging_interval="epoch")
     trainer = kt.Trainer(max_epochs=2, batch_size=64, callbacks=[monitor], default_root_dir=str(tmp_path),
