@@ -57,8 +57,8 @@ def build_model(module: Any, precision: Any, float32_layers: list, engine: Any) 
             unmatched = [s for s in float32_layers if s not in matched]
             if unmatched:  # names Keras gave: known only now
                 keep_float32(model, unmatched)
-    dtypes, layer = output_dtypes(module.model)
-    check_output_dtype(dtypes, precision.name, precision.compute_dtype, layer)
+    dtypes, layers = output_dtypes(module.model)
+    check_output_dtype(dtypes, precision.name, precision.compute_dtype, layers)
 
 
 def build_optimizers(module: Any, precision: Any, engine: Any, lr_scaling: str | None) -> BuiltOptimizers:

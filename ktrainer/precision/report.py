@@ -38,30 +38,38 @@ def precision_report(model: keras.Model) -> dict[str, LayerPrecision]:
             for layer in _layers(model)}
 
 
-def output_dtypes(model: keras.Model) -> tuple[list[str], str | None]:
-    """The dtypes of a functional model's outputs and the name of the layer that makes the first (empty for a
-    subclassed model: see `tracing.watch_calls`, which records what its calls return)."""
+def output_dtypes(model: keras.Model) -> tuple[list[str], list[str]]:
+    """The dtypes of a functional model's outputs, and the names of the layers that make those not float32
+    (both empty for a subclassed model: see `tracing.watch_calls`, which records what its calls return)."""
     outputs = getattr(model, "outputs", None)
     if not outputs:
-        return [], None
+        return [], []
     tensors = keras.tree.flatten(outputs)
-    history = getattr(tensors[0], "_keras_history", None)
-    layer = getattr(getattr(history, "operation", None), "name", None)
-    return [keras.backend.standardize_dtype(t.dtype) for t in tensors], layer
+    dtypes = [keras.backend.standardize_dtype(t.dtype) for t in tensors]
+    layers = []
+    for tensor, dtype in zip(tensors, dtypes, strict=True):
+        name = getattr(getattr(getattr(tensor, "_keras_history", None), "operation", None), "name", None)
+        if dtype != "float32" and name is not None and name not in layers:
+            layers.append(name)
+    return dtypes, layers
 
 
-def check_output_dtype(dtypes: list[str], precision_name: str, compute_dtype: str, layer: str | None = None) -> None:
+def check_output_dtype(dtypes: list[str], precision_name: str, compute_dtype: str,
+                       layers: list[str] | None = None) -> None:
     """Warn, with the exact fix, when a float16/bfloat16 model's output is not float32.
 
     Args:
         dtypes: The dtypes of the model's actual outputs.
         precision_name: The precision, for the message.
         compute_dtype: The policy's compute dtype.
-        layer: The layer making the output, when known.
+        layers: The layers making the outputs that are not float32, when known.
     """
     if compute_dtype not in ("float16", "bfloat16") or not dtypes or all(d == "float32" for d in dtypes):
         return
-    which = f"layer {layer!r}" if layer else "the layer that makes the model's output"
+    if layers:
+        which = f"layer{'s' if len(layers) > 1 else ''} {', '.join(repr(name) for name in layers)}"
+    else:
+        which = "the layer that makes the model's output"
     warnings.warn(
         f"precision={precision_name!r}: the model's output is {', '.join(sorted(set(dtypes)))}, not float32. "
         f"Softmax and the loss need float32's range and precision. Fix: create {which} with dtype=\"float32\", "

@@ -8,6 +8,7 @@ import keras
 import pytest
 
 import ktrainer as kt
+from ktrainer.precision.report import check_output_dtype, output_dtypes
 from tests.helpers import Classifier
 
 pytestmark = pytest.mark.both_backends
@@ -91,6 +92,22 @@ class HalfOutput(Classifier):
 def test_a_float16_output_triggers_the_warning_with_the_fix(quiet):
     with pytest.warns(UserWarning, match=r"output is float16, not float32.*dtype=\"float32\".*keras.layers.Dense"):
         kt.Trainer(max_steps=1, batch_size=32, precision="16-mixed", **quiet).fit(HalfOutput())
+
+
+def test_with_several_outputs_the_warning_names_every_layer_whose_output_is_not_float32():
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        inputs = keras.Input((4,))
+        outputs = {"a": keras.layers.Dense(1, name="a", dtype="float32")(inputs),
+                   "b": keras.layers.Dense(1, name="b")(inputs), "c": keras.layers.Dense(1, name="c")(inputs)}
+        model = keras.Model(inputs, outputs)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    dtypes, layers = output_dtypes(model)
+    assert sorted(dtypes) == ["float16", "float16", "float32"] and layers == ["b", "c"]
+    with pytest.warns(UserWarning, match=r"create layers 'b', 'c' with dtype=\"float32\""):
+        check_output_dtype(dtypes, "16-mixed", "float16", layers)
 
 
 def test_no_warning_when_the_output_is_float32_or_precision_is_full(quiet):
