@@ -36,15 +36,15 @@ FAIL_WITHIN_S = 60  # generous: a failing save takes a few seconds with 2 attemp
 
 
 class AtStep(kt.callbacks.Callback):
-    """Calls `action(trainer)` once, after the batch that reaches `step` (after that step's save, when
-    listed after the ModelCheckpoint), and notes when."""
+    """Calls `action(trainer)` once, before the batch after the one that reaches `step` (so after that step's
+    save: checkpoints run last in a hook), and notes when."""
 
     def __init__(self, step: int, action: Callable[[Any], Any]) -> None:
         self.step, self.action = step, action
         self.at: float | None = None
         self.result: Any = None
 
-    def on_train_batch_end(self, trainer, module, metrics, batch_idx):
+    def on_train_batch_start(self, trainer, module, batch_idx):
         if self.at is None and trainer.global_step == self.step:
             self.result = self.action(trainer)
             self.at = time.monotonic()
@@ -270,8 +270,8 @@ def test_storage_that_cannot_answer_after_the_commit_is_a_warning_not_the_end_of
     heal = AtStep(4, lambda trainer: s3_proxy.reset())
     checkpoint = kt.callbacks.ModelCheckpoint(every_n_train_steps=2)
     trainer = make_trainer(bucket, 6, checkpoint, arm, heal)
-    with caplog.at_level("WARNING", logger="ktrainer"):
-        trainer.fit(Net())  # the save at step 4 could not be read back: training goes on
+    with caplog.at_level("WARNING", logger="ktrainer"), pytest.warns(UserWarning, match="to apply retention"):
+        trainer.fit(Net())  # the save at step 4 could not be read back, nor the folder listed: training goes on
     assert "step-00000004 could not be read back to verify it" in caplog.text
     assert s3_proxy.count("GET", outcome=UNAVAILABLE) > 0
     assert "step-00000004" in valid_names(bucket) and trainer.global_step == 6
