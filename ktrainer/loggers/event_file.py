@@ -16,7 +16,10 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 __all__ = ["EventFile"]
 
-_numbers = itertools.count()  # tells apart the files one process opens within the same second
+# Tells apart the files one process opens within the same second, zero-padded so that names sort in opening
+# order: TensorBoard reads a folder's files by name, and a resumed run's file read before the first run's
+# would make it drop the first run's points as out of order.
+_numbers = itertools.count()
 
 
 class EventFile:
@@ -30,7 +33,8 @@ class EventFile:
 
     def __init__(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_numbers)}"
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
+                f"{next(_numbers):06d}")
         self.path = os.path.join(directory, name)
         self._records = RecordWriter(open(self.path, "wb"))  # noqa: SIM115 - closed by close()
         self.add_event(Event(wall_time=time.time(), file_version="brain.Event:2"))

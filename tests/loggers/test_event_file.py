@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -9,6 +10,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.plugins.scalar.summary_v2 import scalar_pb
 
+from ktrainer.loggers import event_file
 from ktrainer.loggers.event_file import EventFile
 from tests.helpers import read_scalars
 
@@ -33,11 +35,13 @@ def test_what_is_flushed_is_readable_while_the_file_stays_open(tmp_path):
     events.close()
 
 
-def test_writers_opened_in_the_same_second_write_separate_files(tmp_path):
+def test_writers_opened_in_the_same_second_write_separate_files_that_sort_in_opening_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(event_file, "_numbers", itertools.count(9))  # the 10th and 11th file of the process
+    monkeypatch.setattr(event_file.time, "time", lambda: 1_800_000_000.5)
     first, second = EventFile(str(tmp_path)), EventFile(str(tmp_path))
     first.close()
     second.close()
-    assert first.path != second.path
+    assert sorted([second.path, first.path]) == [first.path, second.path]  # TensorBoard reads them by name
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted([first.path.split("/")[-1],
                                                                        second.path.split("/")[-1]])
     assert all(path.name.startswith("events.out.tfevents.") for path in tmp_path.iterdir())
