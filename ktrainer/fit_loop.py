@@ -166,7 +166,6 @@ class FitLoop:
             progress.global_step = steps_after[index]
             extra = {SKIPPED_STEPS: skips_after[index]} if trainer.precision.loss_scaling else {}
             trainer.log_metrics({**metrics.step_metrics(outputs, index), **running, **extra})
-        trainer.state.logged_step_in_last_execution = len(log_at) > 0
         applied = [ended and not skip for ended, skip in zip(stepped, skipped, strict=True)]
         trainer.state.logged_steps = tuple((steps_after[index], sum(applied[index + 1:])) for index in log_at)
         progress.global_step = steps_after[-1]

@@ -16,7 +16,6 @@ class TrainerState:
         first_batch_of_epoch: The batch the current epoch started (or resumed) at.
         at_epoch_end: True while the epoch-end validation and hooks run.
         validated_this_epoch: True once the current epoch ran a validation at its end.
-        logged_step_in_last_execution: True when the last execution reached a log step.
         logged_steps: The global steps the last execution logged, each with the optimizer updates applied
             after it within that execution (a per-step value such as the learning rate is read back by them).
     """
@@ -25,5 +24,4 @@ class TrainerState:
     first_batch_of_epoch: int = 0
     at_epoch_end: bool = False
     validated_this_epoch: bool = False
-    logged_step_in_last_execution: bool = False
     logged_steps: tuple[tuple[int, int], ...] = ()

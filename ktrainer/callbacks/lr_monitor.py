@@ -37,15 +37,18 @@ class LearningRateMonitor(Callback):
 
     def __init__(self, logging_interval: str = "step") -> None:
         self.logging_interval = check_choice("logging_interval", logging_interval, ("step", "epoch"))
-        self._last_logged_step = -1
 
     def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
         """Log at every log step this execution passed, each with that step's rate (as one batch per execution
         would: with `steps_per_execution` > 1 a schedule's rate changes within an execution)."""
-        if self.logging_interval == "step" and trainer.state.logged_steps:
-            trainer.engine.sync()  # on JAX the optimizer's variables are stale while its state is live
-            for step, updates_after in trainer.state.logged_steps:
-                trainer.log_metrics(self._rates(trainer, updates_after), step=step)
+        logged = trainer.state.logged_steps
+        if self.logging_interval != "step" or not logged:
+            return
+        if not module.automatic_optimization:  # each optimizer counts its own updates: only the current rates are known
+            logged = ((logged[-1][0], 0),)
+        trainer.engine.sync()  # on JAX the optimizer's variables are stale while its state is live
+        for step, updates_after in logged:
+            trainer.log_metrics(self._rates(trainer, updates_after), step=step)
 
     def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
         """Log at each epoch start, with interval "epoch"."""

@@ -6,6 +6,7 @@ import keras
 import pytest
 
 import ktrainer as kt
+from ktrainer.precision import MixedPrecision
 from tests.helpers import Classifier, read_scalars
 
 pytestmark = pytest.mark.both_backends
@@ -37,6 +38,21 @@ def test_several_steps_per_execution_log_each_steps_rate_as_one_per_execution_do
     expected = [(step, pytest.approx(0.1 * 0.5**step)) for step in range(1, 6)]
     assert logged(tmp_path / "one") == expected
     assert logged(tmp_path / "several", steps_per_execution=steps_per_execution) == expected
+
+
+def test_skipped_steps_within_an_execution_leave_the_rate_where_one_per_execution_leaves_it(tmp_path):
+    def logged(root, steps_per_execution):
+        precision = MixedPrecision("16-mixed", initial_scale=2.0**40)  # the first steps overflow and are skipped
+        trainer = kt.Trainer(max_steps=6, batch_size=16, log_every_n_steps=1, precision=precision,
+                             steps_per_execution=steps_per_execution, default_root_dir=str(root),
+                             enable_progress_bar=False)
+        trainer.fit(Scheduled())
+        assert trainer.skipped_steps > 0
+        return read_scalars(str(root / "tensorboard" / "version_0"))["lr-SGD"]
+
+    one = logged(tmp_path / "one", 1)
+    assert [step for step, _ in one] == [1, 2, 3, 4, 5, 6] and one[0][1] == pytest.approx(0.1)  # step 1: skipped
+    assert logged(tmp_path / "several", 4) == [(step, pytest.approx(rate)) for step, rate in one]
 
 
 def test_epoch_interval(tmp_path):
