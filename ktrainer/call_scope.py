@@ -13,7 +13,7 @@ import keras
 from ktrainer.compat.keras_internals import tensorflow_left_alone
 from ktrainer.logs import quietly
 from ktrainer.loop_state import TrainerState
-from ktrainer.reporting import call_hook
+from ktrainer.reporting import call_hook, in_hook_order
 
 __all__ = ["call_scope"]
 
@@ -43,7 +43,7 @@ def call_scope(trainer: Any, stage: str, module: Any) -> Iterator[None]:
         yield
     except BaseException as error:
         status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-        for callback in trainer.callbacks:
+        for callback in in_hook_order(trainer.callbacks, "on_exception"):
             quietly(callback.on_exception, trainer, module, error)
         raise
     finally:

@@ -41,7 +41,8 @@ def default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, 
 
     A checkpoint saved in a hook then holds what every other callback did in that hook: a counter
     advanced, a rate cut by ReduceLROnPlateau at the epoch's end. Saved before them, a resumed run would
-    lose it (Lightning orders checkpoint callbacks last for the same reason).
+    lose it (Lightning orders checkpoint callbacks last for the same reason). In the hooks it names in
+    `runs_first_in` (the start and end of fit) a ModelCheckpoint still runs first.
     Keras callbacks are wrapped to run at their equivalent points (`callbacks/keras_adapter.py`).
 
     Raises:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ktrainer.loggers import Logger
 
-__all__ = ["Reporter", "call_hook"]
+__all__ = ["Reporter", "call_hook", "in_hook_order"]
 
 STEP_LOSS = "train/loss_step"
 
@@ -68,7 +68,16 @@ class Reporter:
             each.flush()
 
 
+def in_hook_order(callbacks: list, hook: str) -> list:
+    """The callbacks in the order `hook` calls them: those naming it in `runs_first_in` first, then the rest,
+    each group in list order."""
+    first = [callback for callback in callbacks if hook in callback.runs_first_in]
+    if not first:
+        return callbacks
+    return first + [callback for callback in callbacks if hook not in callback.runs_first_in]
+
+
 def call_hook(callbacks: list, hook: str, trainer: Any, module: Any, *args: Any) -> None:
-    """Call `hook` on every callback, in order."""
-    for callback in callbacks:
+    """Call `hook` on every callback, in hook order (`in_hook_order`)."""
+    for callback in in_hook_order(callbacks, hook):
         getattr(callback, hook)(trainer, module, *args)

@@ -97,7 +97,7 @@ class Trainer:
         default_root_dir: Where logs (and checkpoints) go: a local path or any fsspec URL.
         storage_options: fsspec options for `default_root_dir` (credentials, endpoint).
         callbacks: Callbacks, called in the given order after the built-in ones; ModelCheckpoints run
-            last, so a checkpoint holds what the other callbacks did in the same hook.
+            last in the hooks where they save, so a checkpoint holds what the other callbacks did there.
         logger: True (a TensorBoardLogger), False/None, a Logger, or a list of Loggers.
         enable_progress_bar: Show the progress bar.
         enable_checkpointing: Add a default ModelCheckpoint (unless one is among the callbacks).

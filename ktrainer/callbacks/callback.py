@@ -21,7 +21,14 @@ class Callback:
 
     Batch hooks run once per compiled execution: every step when `steps_per_execution=1`,
     every N steps otherwise (as in Keras), with `trainer.global_step` already advanced.
+
+    Callbacks run in the order of `trainer.callbacks`, except in the hooks a callback names in
+    `runs_first_in`, where it runs before the others (ModelCheckpoint: it notes the run at
+    `on_fit_start`, saves the state training ended with at `on_train_end` before a callback
+    restores other weights, and settles its writes at `on_fit_end`/`on_exception`).
     """
+
+    runs_first_in: tuple[str, ...] = ()
 
     def setup(self, trainer: Any, module: Any, stage: str) -> None:
         """Called when fit/validate/test/predict begins, before the model is built.

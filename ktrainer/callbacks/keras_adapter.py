@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 import keras
+import numpy as np
 
 from ktrainer.callbacks.callback import Callback
 
@@ -76,7 +77,8 @@ class KerasCallback(Callback):
         return f"Keras{type(self.callback).__qualname__}"
 
     def setup(self, trainer: Any, module: Any, stage: str) -> None:
-        """Nothing yet: the model exists once the Trainer built it."""
+        """Forget state a failed call loaded but never put back (the model exists only once the Trainer built it)."""
+        self._resumed = None
 
     def _attach(self, trainer: Any, module: Any) -> None:
         model = module.model
@@ -158,12 +160,13 @@ class KerasCallback(Callback):
         self.callback.on_predict_end(logs={})
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped callback's plain attributes (numbers, strings) that are not its constructor's arguments:
-        what it counts (ReduceLROnPlateau's `wait`, `best`, `cooldown_counter`; EarlyStopping's), so a resumed
-        run continues its schedule, while its settings are the ones the resuming script gives."""
+        """The wrapped callback's attributes that are not its constructor's arguments and are numbers, strings or
+        lists of arrays: what it counts and keeps (ReduceLROnPlateau's `wait`, `best`, `cooldown_counter`;
+        EarlyStopping's, and its `best_weights`), so a resumed run continues its schedule, while its settings
+        are the ones the resuming script gives."""
         settings = constructor_arguments(self.callback)
         return {name: value for name, value in vars(self.callback).items()
-                if isinstance(value, bool | int | float | str) and name not in settings
+                if (isinstance(value, bool | int | float | str) or _is_arrays(value)) and name not in settings
                 and name != "_chief_worker_only"}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -175,6 +178,10 @@ class KerasCallback(Callback):
     def _put_back(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
             setattr(self.callback, name, value)
+
+
+def _is_arrays(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(each, np.ndarray) for each in value)
 
 
 def constructor_arguments(callback: Any) -> set[str]:

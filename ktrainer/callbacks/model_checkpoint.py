@@ -165,6 +165,10 @@ class ModelCheckpoint(Callback):
         self._saves = 0
         self.resumed_from = None
 
+    # Last in the hooks where it saves (after the callbacks whose state it saves); first where it notes the run,
+    # saves the state training ended with (before a callback restores other weights) and settles its writes.
+    runs_first_in = ("on_fit_start", "on_train_end", "on_fit_end", "on_exception")
+
     def on_fit_start(self, trainer: Any, module: Any) -> None:
         """Note the checkpoint the run resumed from (kept by retention), and the newest commit time in `dirpath`:
         this run's commits come after it, so 'last' is this run's latest even if this host's clock runs behind."""
@@ -349,7 +353,8 @@ class ModelCheckpoint(Callback):
     def _export(self, which: str) -> None:
         with tempfile.TemporaryDirectory() as folder:
             path = os.path.join(folder, f"{which}.keras")
-            self._module.model.save(path)
+            with tensorflow_left_alone():
+                self._module.model.save(path)
             with open(path, "rb") as handle:
                 self.location.join("export").write_bytes(f"{which}.keras", handle.read(), atomic=True)
 

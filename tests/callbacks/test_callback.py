@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 
 import ktrainer as kt
+from ktrainer.checkpoint.format import MANIFEST
 from tests.helpers import Classifier
 
 pytestmark = pytest.mark.both_backends
@@ -89,3 +91,31 @@ def test_a_checkpoint_holds_what_the_other_callbacks_did_in_the_hook_it_was_save
     run(max_epochs=2)  # saved at the end of its last epoch (or of its last step): nothing after the save
     resumed = run(max_epochs=3, ckpt_path="last")
     assert (resumed.epochs, resumed.batches) == (3, 6)  # 2 batches an epoch, as if the run had never stopped
+
+
+class LooksAtTheCheckpoint(kt.callbacks.Callback):
+    """What a user's callback, listed before the ModelCheckpoint, finds of it at the start and end of fit."""
+
+    def on_fit_start(self, trainer, module):
+        self.resumed_from = trainer.checkpoint_callback.resumed_from
+
+    def on_fit_end(self, trainer, module):
+        checkpoint = trainer.checkpoint_callback
+        self.last_saved = checkpoint.last_saved
+        self.committed = os.path.exists(os.path.join(checkpoint.last_saved, MANIFEST))
+        self.exported = os.path.exists(os.path.join(checkpoint.dirpath, "export", "last.keras"))
+
+
+def test_at_the_start_and_end_of_fit_other_callbacks_find_the_checkpoint_settled(tmp_path, quiet):
+    def run(max_epochs, ckpt_path=None):
+        looks = LooksAtTheCheckpoint()
+        checkpoint = kt.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpt"), async_save=True, export_keras=True)
+        kt.Trainer(max_epochs=max_epochs, batch_size=128, callbacks=[looks, checkpoint], **quiet).fit(
+            Classifier(), ckpt_path=ckpt_path)
+        return looks
+
+    first = run(max_epochs=1)
+    assert first.last_saved.endswith("step-00000002") and first.committed and first.exported
+    resumed = run(max_epochs=2, ckpt_path=str(tmp_path / "ckpt" / "step-00000002"))
+    assert resumed.resumed_from == "step-00000002"
+    assert resumed.last_saved.endswith("step-00000004") and resumed.committed

@@ -63,6 +63,30 @@ def test_a_checkpoint_keeps_what_a_keras_callback_counted_and_the_resuming_scrip
     assert (resuming.callback.wait, resuming.callback.patience, resuming.callback.min_delta) == (1, 5, 1.0)
 
 
+class LastEpochWeights(kt.callbacks.Callback):
+    def on_train_epoch_end(self, trainer, module):
+        self.weights = [np.array(w) for w in module.model.get_weights()]
+
+
+def test_keras_early_stopping_keeps_its_best_weights_across_a_resume_and_last_holds_the_trained_ones(tmp_path):
+    def stopper():  # the first epoch is the best (later ones never improve by 10); it never stops early
+        return keras.callbacks.EarlyStopping(monitor="val_loss", patience=5, min_delta=10.0, restore_best_weights=True)
+
+    straight, trained = Classifier(), LastEpochWeights()
+    at_the_end = kt.callbacks.ModelCheckpoint(every_n_epochs=2)  # the third epoch is saved by save_last
+    trainer(tmp_path / "straight", stopper(), trained, at_the_end, max_epochs=3, seed=0).fit(straight)
+    last = Classifier()
+    trainer(tmp_path / "straight").validate(last, ckpt_path="last")
+    for saved, end_of_training in zip(last.model.get_weights(), trained.weights, strict=True):
+        np.testing.assert_array_equal(saved, end_of_training)  # "last": what training ended with, not the best
+
+    trainer(tmp_path / "run", stopper(), max_epochs=2, seed=0).fit(Classifier())
+    resumed = Classifier()
+    trainer(tmp_path / "run", stopper(), max_epochs=3, seed=0).fit(resumed, ckpt_path="last")
+    for got, expected in zip(resumed.model.get_weights(), straight.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(got, expected)  # both restored the first epoch's weights
+
+
 def test_keras_early_stopping_with_restore_best_weights_restores_them():
     stopper = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=10.0, restore_best_weights=True)
     weights = []

@@ -2,11 +2,11 @@
 
     KERAS_BACKEND=jax python tensorflow_watch_run.py ROOT [--import-tensorflow-first]
 
-Trains with a seed, the default TensorBoard logger and checkpoints, a scaled learning-rate schedule and
-16-mixed; stops, resumes from "last", validates a checkpoint, predicts, and exports the last checkpoint
-as a .keras file (`ktrainer ckpt export`). Prints `RESULT {json}`: where
-TensorFlow was first imported (the stack, or None) and, with --import-tensorflow-first (a user's tf.data
-pipeline), whether the seed reached TensorFlow's random generator.
+Trains with a seed, the default TensorBoard logger, checkpoints (each exported as .keras), a scaled
+learning-rate schedule and 16-mixed; stops, resumes from "last", validates a checkpoint, predicts, and
+exports the last checkpoint with `ktrainer ckpt export`. Prints `RESULT {json}`: where TensorFlow was first
+imported (the stack, or None) and, with --import-tensorflow-first (a user's tf.data pipeline), whether the
+seed reached TensorFlow's random generator.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ class Net(kt.Module):
 
 def trainer(**limits):
     return kt.Trainer(batch_size=8, seed=3, default_root_dir=sys.argv[1], precision="16-mixed",
-                      lr_scaling="linear", enable_progress_bar=False, **limits)
+                      lr_scaling="linear", enable_progress_bar=False,
+                      callbacks=[kt.callbacks.ModelCheckpoint(export_keras=True)], **limits)
 
 
 x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")

@@ -30,7 +30,8 @@ def test_a_whole_jax_run_never_imports_the_installed_tensorflow(tmp_path):
     assert result["first_import"] is None, f"TensorFlow was imported from:\n{result['first_import']}"
     assert list((tmp_path / "checkpoints").iterdir())  # the checkpoints and the logs were written
     assert list((tmp_path / "tensorboard" / "version_0").glob("events.out.tfevents.*"))
-    assert (tmp_path / "model.keras").stat().st_size > 0
+    assert (tmp_path / "model.keras").stat().st_size > 0  # ktrainer ckpt export
+    assert (tmp_path / "checkpoints" / "export" / "last.keras").stat().st_size > 0  # ModelCheckpoint(export_keras)
 
 
 def test_the_seed_still_reaches_tensorflow_when_the_users_script_imported_it(tmp_path):
