@@ -476,6 +476,8 @@ class Trainer:
             source = self._source(data, module.predict_data, "predict_data", training=False, required=True)
             self._build(module, with_optimizer=False)
             if ckpt_path:
+                if not module.model.variables:  # a subclassed model gets its variables at its first call
+                    self.engine.predict(module, BatchSource(iter([source.first_batch()]), self.global_batch_size))
                 load_model_weights(ckpt_path, self.checkpoint_dir, self.storage_options, module.model)
             self._call("on_predict_start", module)
             chunks = self.engine.predict(module, source)

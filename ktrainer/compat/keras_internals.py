@@ -113,7 +113,7 @@ def tensorflow_left_alone() -> Iterator[None]:
         yield
         return
     with _tensorflow_lock:
-        if _tensorflow_depth == 0 and lazy.module is None:
+        if _tensorflow_depth == 0:
             lazy._available = False
         _tensorflow_depth += 1
     try:
@@ -121,5 +121,5 @@ def tensorflow_left_alone() -> Iterator[None]:
     finally:
         with _tensorflow_lock:
             _tensorflow_depth -= 1
-            if _tensorflow_depth == 0 and lazy.module is None:
-                lazy._available = None
+            if _tensorflow_depth == 0:
+                lazy._available = None  # asked afresh (True if code in the block imported TensorFlow after all)

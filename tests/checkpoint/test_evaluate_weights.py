@@ -3,6 +3,7 @@ that was saved, nothing else of the run touched, and a checkpoint that does not 
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
 
@@ -50,6 +51,37 @@ def test_a_fresh_module_predicts_with_the_last_checkpoints_weights(trained):
     assert predicting.global_step == 0 and predicting.optimizer is None
     with pytest.raises(ValueError, match="ckpt_path"):
         trainer(root).predict(Regressor(), x, ckpt_path="lst")
+
+
+class Subclassed(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.dense = keras.layers.Dense(1)
+
+    def call(self, x, training=False):
+        return self.dense(x)
+
+
+class SubclassedRegressor(Regressor):
+    def build(self):
+        return Subclassed()  # no variables until its first call
+
+
+@pytest.mark.parametrize("call", ["validate", "predict"])
+def test_a_subclassed_model_built_only_by_its_first_call_takes_the_checkpoints_weights(tmp_path, call):
+    module = SubclassedRegressor()
+    trainer(tmp_path, max_epochs=1).fit(module, train_data=regression_data(32))
+    x, y = regression_data(16, seed=4)
+    data = x if call == "predict" else (x, y)
+    expected = getattr(trainer(tmp_path), call)(module, data)
+    fresh = SubclassedRegressor()
+    got = getattr(trainer(tmp_path), call)(fresh, data, ckpt_path="last")
+    if call == "predict":
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+    else:
+        assert got == pytest.approx(expected, rel=1e-6)
+    for saved, loaded in zip(module.model.get_weights(), fresh.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(saved, loaded)
 
 
 def test_a_checkpoint_by_its_path_is_evaluated_too(trained):

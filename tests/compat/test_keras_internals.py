@@ -3,6 +3,10 @@ is traced, never while the Trainer merely runs."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
@@ -53,3 +57,34 @@ def test_keras_is_patched_only_while_a_step_is_traced():
     assert module.while_traced and not any(module.while_traced)  # traced: Keras's scaling off
     assert seen.during_the_run == [True, True]  # between steps: Keras as it ships
     assert keras_loss.scale_loss_for_distribution is ORIGINAL
+
+
+LEFT_ALONE = """
+import sys
+from keras.src.utils import module_utils
+from ktrainer.compat.keras_internals import tensorflow_left_alone
+
+lazy = module_utils.tensorflow
+with tensorflow_left_alone():
+    with tensorflow_left_alone():
+        assert lazy.available is False
+    assert lazy.available is False  # still inside the outer block
+assert lazy._available is None and "tensorflow" not in sys.modules  # Keras asks afresh, nothing was imported
+try:
+    with tensorflow_left_alone():
+        raise KeyError("a failure inside")
+except KeyError:
+    pass
+assert lazy._available is None
+with tensorflow_left_alone():
+    lazy.constant  # code in the block that uses TensorFlow after all imports it
+assert lazy.available is True and "tensorflow" in sys.modules
+print("LEFT ALONE OK")
+"""
+
+
+def test_on_jax_keras_takes_an_unimported_tensorflow_for_absent_only_inside_the_block():
+    done = subprocess.run([sys.executable, "-c", LEFT_ALONE], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "LEFT ALONE OK" in done.stdout
