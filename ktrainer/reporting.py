@@ -71,10 +71,13 @@ class Reporter:
 def in_hook_order(callbacks: list, hook: str) -> list:
     """The callbacks in the order `hook` calls them: those naming it in `runs_first_in` first, then the rest,
     each group in list order."""
-    first = [callback for callback in callbacks if hook in callback.runs_first_in]
+    def runs_first(callback: Any) -> bool:
+        return hook in getattr(callback, "runs_first_in", ())
+
+    first = [callback for callback in callbacks if runs_first(callback)]
     if not first:
         return callbacks
-    return first + [callback for callback in callbacks if hook not in callback.runs_first_in]
+    return first + [callback for callback in callbacks if not runs_first(callback)]
 
 
 def call_hook(callbacks: list, hook: str, trainer: Any, module: Any, *args: Any) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+import ktrainer as kt
 from ktrainer.loggers import CSVLogger
-from ktrainer.reporting import Reporter, call_hook
+from ktrainer.reporting import Reporter, call_hook, in_hook_order
 
 pytestmark = pytest.mark.both_backends
 
@@ -59,3 +60,16 @@ def test_call_hook_calls_every_callback_in_order_with_the_arguments():
 
     call_hook([Named("a"), Named("b")], "on_train_batch_end", "T", "M", {"x": 1.0}, 4)
     assert calls == [("a", "T", "M", {"x": 1.0}, 4), ("b", "T", "M", {"x": 1.0}, 4)]
+
+
+def test_callbacks_that_run_first_in_a_hook_come_first_there_and_keep_their_place_elsewhere():
+    class Plain(kt.callbacks.Callback):
+        pass
+
+    class Settles(kt.callbacks.Callback):
+        runs_first_in = ("on_fit_end",)
+
+    plain, settles, other = Plain(), Settles(), Plain()
+    callbacks = [plain, settles, other]
+    assert in_hook_order(callbacks, "on_fit_end") == [settles, plain, other]
+    assert in_hook_order(callbacks, "on_train_batch_end") == callbacks
