@@ -34,7 +34,7 @@ def resolve_loggers(logger: Any) -> list[Logger]:
     return loggers
 
 
-def default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, has_logger: bool,
+def default_callbacks(callbacks: Callback | Sequence[Callback] | None, progress_bar: bool, has_logger: bool,
                        checkpointing: bool) -> list:
     """The built-ins the user did not give (checkpoint, progress bar, LR and throughput monitors), then the given ones,
     with every ModelCheckpoint moved to the end (in their order).
@@ -46,9 +46,14 @@ def default_callbacks(callbacks: Sequence[Callback] | None, progress_bar: bool, 
     Keras callbacks are wrapped to run at their equivalent points (`callbacks/keras_adapter.py`).
 
     Raises:
-        ValueError: For a non-callback, a Keras callback that cannot work here (naming ktrainer's
-            equivalent), or a ModelCheckpoint with checkpointing off.
+        ValueError: For a non-callback (or something other than a callback or a list of them), a Keras
+            callback that cannot work here (naming ktrainer's equivalent), or a ModelCheckpoint with
+            checkpointing off.
     """
+    if isinstance(callbacks, Callback | keras.callbacks.Callback):
+        callbacks = [callbacks]  # one callback, as Lightning takes it
+    elif callbacks is not None and not isinstance(callbacks, list | tuple):
+        raise ValueError(f"callbacks must be a callback or a list of callbacks; got {type(callbacks).__name__}.")
     given = []
     for each in callbacks or []:
         if isinstance(each, keras.callbacks.Callback):

@@ -67,7 +67,7 @@ class Trainer:
 
     Args:
         max_epochs: Stop after this many epochs. With neither `max_epochs` nor `max_steps`,
-            1000 (with a warning), as in Lightning.
+            1000 (with a warning at `fit`), as in Lightning.
         max_steps: Stop after this many optimizer steps.
         batch_size: Examples per device per step; the global batch is this times the replicas.
         precision: "32-true" (alias "32"), "16-mixed", "bf16-mixed", "16-true", "bf16-true", "64-true"
@@ -96,8 +96,9 @@ class Trainer:
             without loggers or checkpoints: a quick check that everything runs.
         default_root_dir: Where logs (and checkpoints) go: a local path or any fsspec URL.
         storage_options: fsspec options for `default_root_dir` (credentials, endpoint).
-        callbacks: Callbacks, called in the given order after the built-in ones; ModelCheckpoints run
-            last in the hooks where they save, so a checkpoint holds what the other callbacks did there.
+        callbacks: A callback or a list, called in the given order after the built-in ones;
+            ModelCheckpoints run last in the hooks where they save, so a checkpoint holds what the
+            other callbacks did there.
         logger: True (a TensorBoardLogger), False/None, a Logger, or a list of Loggers.
         enable_progress_bar: Show the progress bar.
         enable_checkpointing: Add a default ModelCheckpoint (unless one is among the callbacks).
@@ -136,7 +137,7 @@ class Trainer:
         fast_dev_run: bool | int = False,
         default_root_dir: str = ".",
         storage_options: dict[str, Any] | None = None,
-        callbacks: Sequence[Callback] | None = None,
+        callbacks: Callback | Sequence[Callback] | None = None,
         logger: bool | Logger | Sequence[Logger] | None = True,
         enable_progress_bar: bool = True,
         enable_checkpointing: bool = True,
@@ -146,10 +147,9 @@ class Trainer:
         show_events()
         self.max_steps = check_int("max_steps", max_steps, minimum=1, allow_none=True)
         self.max_epochs = check_int("max_epochs", max_epochs, minimum=1, allow_none=True)
+        self._max_epochs_defaulted = max_epochs is None and max_steps is None and not fast_dev_run
         if max_epochs is None and max_steps is None:
             self.max_epochs = _DEFAULT_MAX_EPOCHS
-            log.warning("Neither max_epochs nor max_steps is set: training stops after max_epochs=%d. Set one of "
-                        "them to say when the run ends.", _DEFAULT_MAX_EPOCHS)
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
         self.precision = resolve_precision(precision)
         self.float32_layers = list(float32_layers or [])
@@ -371,6 +371,9 @@ class Trainer:
         if shuffle is not None:
             check_bool("shuffle", shuffle)
         check_validation_split(validation_split, val_data)
+        if self._max_epochs_defaulted:  # at fit, as Lightning: a Trainer that only evaluates has no limit to set
+            log.warning("Neither max_epochs nor max_steps is set: training stops after max_epochs=%d. Set one of "
+                        "them to say when the run ends.", _DEFAULT_MAX_EPOCHS)
         self.run = RunIdentity()
         self.history = History()
         with self._run("fit", module), SignalWatcher(self.preemption_signals) as signals:

@@ -39,6 +39,16 @@ def test_a_given_built_in_replaces_the_default_and_nothing_is_added_when_turned_
     assert default_callbacks(None, progress_bar=False, has_logger=False, checkpointing=False) == []
 
 
+def test_one_callback_may_be_given_without_a_list_and_anything_else_is_named():
+    mine = kt.callbacks.EarlyStopping()
+    assert default_callbacks(mine, progress_bar=False, has_logger=False, checkpointing=False) == [mine]
+    adapted, = default_callbacks(keras.callbacks.TerminateOnNaN(), progress_bar=False, has_logger=False,
+                                 checkpointing=False)
+    assert isinstance(adapted, kt.callbacks.Callback)
+    with pytest.raises(ValueError, match="callbacks must be a callback or a list of callbacks; got type"):
+        default_callbacks(kt.callbacks.EarlyStopping, progress_bar=False, has_logger=False, checkpointing=False)
+
+
 def test_keras_callbacks_are_adapted_and_anything_else_is_an_error():
     adapted, = default_callbacks([keras.callbacks.TerminateOnNaN()], progress_bar=False, has_logger=False,
                                  checkpointing=False)

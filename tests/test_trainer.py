@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import ktrainer as kt
+from ktrainer.checkpoint import CheckpointError
 from tests.helpers import Classifier, Regressor, regression_data
 
 pytestmark = pytest.mark.both_backends
@@ -204,3 +205,17 @@ def test_predict_uses_module_predict_data_and_returns_one_row_per_example(quiet)
     trainer.fit(module)
     module.predict_data = lambda: (module.x[:70],)
     assert trainer.predict(module).shape == (70, 3)
+
+
+def test_the_default_epoch_limit_is_warned_about_at_fit_only_where_no_limit_was_set(caplog, quiet, tmp_path):
+    said = "Neither max_epochs nor max_steps is set: training stops after max_epochs=1000"
+    with caplog.at_level("WARNING", logger="ktrainer"):
+        evaluating = kt.Trainer(batch_size=128, **quiet)
+        evaluating.validate(Classifier())
+        kt.Trainer(fast_dev_run=True, batch_size=128, **quiet).fit(Classifier())
+    assert said not in caplog.text
+    assert evaluating.max_epochs == 1000
+    with caplog.at_level("WARNING", logger="ktrainer"):
+        with pytest.raises(CheckpointError):  # a fit that stops at once, once it has warned
+            evaluating.fit(Classifier(), ckpt_path=str(tmp_path / "no-such-checkpoint"))
+    assert said in caplog.text

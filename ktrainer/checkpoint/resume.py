@@ -103,10 +103,8 @@ def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: d
     else:
         directory, name = split_checkpoint_url(ckpt_path, storage_options)
         io = FsspecCheckpointIO(directory)
-        if not directory.join(name, MANIFEST).exists() and directory.join(name, "checkpoints").exists():
-            raise CheckpointError(f"ckpt_path={ckpt_path!r} is a run's folder, not a checkpoint. Pass "
-                                  f"ckpt_path='last' with this run's default_root_dir, or one of its checkpoints "
-                                  f"({ckpt_path.rstrip('/')}/checkpoints/step-...).")
+        if not directory.join(name, MANIFEST).exists():
+            _refuse_a_folder_of_checkpoints(ckpt_path, directory.join(name))
         try:
             info, files = io.read(name)
         except CheckpointError as error:
@@ -134,6 +132,22 @@ def load_model_weights(ckpt_path: str, checkpoint_dir: Location, storage_options
     refuse_mismatches(mismatches("model", resumed.state["model"], model.variables), "this model")
     assign_all(resumed.state["model"], model.variables)
     log.info("Evaluating the weights of %s (step %d).", resumed.info.url, resumed.state["progress"]["global_step"])
+
+
+def _refuse_a_folder_of_checkpoints(ckpt_path: str, folder: Location) -> None:
+    """A run's folder, or its checkpoints folder, given where one checkpoint is wanted: say what to pass instead."""
+    if folder.join("checkpoints").exists():
+        raise CheckpointError(f"ckpt_path={ckpt_path!r} is a run's folder, not a checkpoint. Pass "
+                              f"ckpt_path='last' with this run's default_root_dir, or one of its checkpoints "
+                              f"({ckpt_path.rstrip('/')}/checkpoints/step-...).")
+    try:
+        held = [info.name for info in FsspecCheckpointIO(folder).list() if info.valid]
+    except OSError:
+        return
+    if held:
+        raise CheckpointError(f"ckpt_path={ckpt_path!r} is a folder of checkpoints, not one checkpoint. Pass one "
+                              f"of them (the newest: {ckpt_path.rstrip('/')}/{held[-1]}), or ckpt_path='last' with "
+                              "a ModelCheckpoint whose dirpath is this folder.")
 
 
 def _in_checkpoint_dir(ckpt_path: str, checkpoint_dir: Location) -> str:

@@ -83,6 +83,11 @@ def test_a_run_folder_given_as_ckpt_path_says_what_to_pass(tmp_path):
                          logger=False)
     with pytest.raises(CheckpointError, match="is a run's folder, not a checkpoint. Pass ckpt_path='last'"):
         trainer.fit(Classifier(), ckpt_path=str(tmp_path / "run"))
+    folder = str(tmp_path / "run" / "checkpoints")
+    with pytest.raises(CheckpointError, match=rf"is a folder of checkpoints, not one checkpoint. Pass one of them "
+                                              rf"\(the newest: {folder}/step-00000002\)"):
+        trainer.fit(Classifier(), ckpt_path=folder)
+    assert trainer.global_step == 0
 
 
 def test_resuming_with_another_global_batch_is_an_error_unless_allowed(tmp_path):
