@@ -166,8 +166,8 @@ class FitLoop:
             progress.global_step = steps_after[index]
             extra = {SKIPPED_STEPS: skips_after[index]} if trainer.precision.loss_scaling else {}
             trainer.log_metrics({**metrics.step_metrics(outputs, index), **running, **extra})
-        applied = [ended and not skip for ended, skip in zip(stepped, skipped, strict=True)]
-        trainer.state.logged_steps = tuple((steps_after[index], sum(applied[index + 1:])) for index in log_at)
+        trainer.state.logged_steps = tuple((steps_after[index], _updates_after(stepped, skipped, index))
+                                           for index in log_at)
         progress.global_step = steps_after[-1]
         progress.skipped_steps = skips_after[-1]
         progress.batch_in_epoch += ran
@@ -289,6 +289,11 @@ def save_checkpoints_now(trainer: Any, reason: str) -> list[str]:
             if callback.last_saved:
                 saved.append(callback.last_saved)
     return saved
+
+
+def _updates_after(stepped: list[bool], skipped: list[int], index: int) -> int:
+    """The optimizer updates an execution applied after its step `index`: steps that ended a group, not skipped."""
+    return sum(ended and not skip for ended, skip in zip(stepped[index + 1:], skipped[index + 1:], strict=True))
 
 
 def _batch_hooks_read_weights(callbacks: list) -> bool:

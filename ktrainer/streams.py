@@ -53,10 +53,6 @@ class Stream:
         """The stream from where the last reader stopped, without consuming it: what this reads, the next
         `__iter__` yields again."""
         yield from list(self._kept)
-        while True:
-            try:
-                batch = next(self._iterator)
-            except StopIteration:
-                return
+        for batch in self._iterator:
             self._kept.append(batch)
             yield batch
