@@ -70,6 +70,8 @@ def check_global_batch(progress: dict[str, Any], saved: int, current: int, allow
         )
     examples = int(progress["batch_in_epoch"]) * saved
     mapped = {**progress, "batch_in_epoch": examples // current}
+    if "batches_trained" in progress:  # the run's count, in batches of the new size (val_check_interval's rhythm)
+        mapped["batches_trained"] = int(progress["batches_trained"]) * saved // current
     log.warning("Resuming with a global batch of %d instead of %d: the epoch continues at batch %d (example %d).",
                 current, saved, mapped["batch_in_epoch"], mapped["batch_in_epoch"] * current)
     return mapped

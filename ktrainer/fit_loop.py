@@ -57,6 +57,8 @@ class FitLoop:
         self.val, self.val_runner, self.val_batches = val, val_runner, val_batches
         self.signals = signals
         self.epoch_record: dict[str, float] = {}  # what History records of the current epoch
+        self._validated_at: tuple[int, int] | None = None  # (epoch, batch) of the last validation, and its metrics
+        self._validated_metrics: dict[str, float] = {}
         self.sync_each_batch = _batch_hooks_read_weights(trainer.callbacks)
 
     def run(self) -> None:
@@ -171,6 +173,7 @@ class FitLoop:
         progress.global_step = steps_after[-1]
         progress.skipped_steps = skips_after[-1]
         progress.batch_in_epoch += ran
+        progress.batches_trained += ran
         scale = outputs.get(LOSS_SCALE)
         trainer.precision.watch([flag for flag, ended in zip(skipped, stepped, strict=True) if ended],
                                 None if scale is None else float(scale[-1]))
@@ -187,7 +190,10 @@ class FitLoop:
         trainer.state.at_epoch_end = True
         trainer.engine.sync()
         if self.val is not None and trainer.schedule.validates_at_epoch_end(progress):
-            self._validate()
+            if self._validated_at == (progress.epoch, progress.batch_in_epoch):
+                self.epoch_record.update(self._validated_metrics)  # data of unknown length ended where it validated
+            else:
+                self._validate()
         epoch_values = {**metrics.epoch_metrics(), **metric_object_values(module, "train", epoch=True)}
         trainer.log_metrics(epoch_values)
         trainer.reporter.remember(epoch_values, metrics.prog_bar_names())
@@ -217,6 +223,8 @@ class FitLoop:
         metrics = run_evaluation(trainer, self.module, self.val, self.val_runner, self.val_batches, "val",
                                  before_execution=self._check_for_preemption)
         trainer.progress.pending_validation = False
+        self._validated_at = (trainer.progress.epoch, trainer.progress.batch_in_epoch)
+        self._validated_metrics = metrics
         trainer.log_metrics(metrics)
         if at_epoch_end:
             self.epoch_record.update(metrics)

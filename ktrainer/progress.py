@@ -66,6 +66,8 @@ class Progress:
         global_step: Optimizer steps taken (skipped ones included, as in Keras's `iterations`).
         epoch: The current epoch (0-based).
         batch_in_epoch: Training batches consumed in the current epoch.
+        batches_trained: Training batches consumed in the whole run, every epoch (what an int
+            `val_check_interval` counts when `check_val_every_n_epoch=None`).
         skipped_steps: Optimizer steps skipped for non-finite gradients (loss scaling).
         shuffle_seed: The base seed of the per-epoch shuffle of numpy data.
         epoch_sums: The current epoch's running metric sums.
@@ -78,6 +80,7 @@ class Progress:
     global_step: int = 0
     epoch: int = 0
     batch_in_epoch: int = 0
+    batches_trained: int = 0
     skipped_steps: int = 0
     shuffle_seed: int = 0
     epoch_sums: RunningSums = field(default_factory=RunningSums)
@@ -101,11 +104,13 @@ class Progress:
         """The progress as JSON values. A consumed epoch is saved as the start of the next one."""
         if self.epoch_done:
             return {"global_step": self.global_step, "epoch": self.epoch + 1, "batch_in_epoch": 0,
-                    "skipped_steps": self.skipped_steps, "shuffle_seed": self.shuffle_seed, "epoch_sums": None,
+                    "batches_trained": self.batches_trained, "skipped_steps": self.skipped_steps,
+                    "shuffle_seed": self.shuffle_seed, "epoch_sums": None,
                     "pending_validation": False}
         sums = self.epoch_sums.state_dict() if self.batch_in_epoch else None
         return {"global_step": self.global_step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                "skipped_steps": self.skipped_steps, "shuffle_seed": self.shuffle_seed, "epoch_sums": sums,
+                "batches_trained": self.batches_trained, "skipped_steps": self.skipped_steps,
+                "shuffle_seed": self.shuffle_seed, "epoch_sums": sums,
                 "pending_validation": self.pending_validation}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -113,6 +118,8 @@ class Progress:
         self.global_step = int(state["global_step"])
         self.epoch = int(state["epoch"])
         self.batch_in_epoch = int(state["batch_in_epoch"])
+        # A checkpoint written before this count existed: count on from the epoch's position.
+        self.batches_trained = int(state.get("batches_trained", self.batch_in_epoch))
         self.skipped_steps = int(state["skipped_steps"])
         self.shuffle_seed = int(state["shuffle_seed"])
         self.pending_validation = bool(state.get("pending_validation", False))

@@ -11,7 +11,21 @@ from dataclasses import dataclass
 
 from ktrainer.progress import Progress
 
-__all__ = ["Schedule"]
+__all__ = ["Schedule", "check_validation_rhythm"]
+
+
+def check_validation_rhythm(val_check_interval: int | float | None, check_val_every_n_epoch: int | None) -> None:
+    """Refuse `check_val_every_n_epoch=None` without a `val_check_interval`: fit would never validate.
+
+    Raises:
+        ValueError: Naming what to pass instead.
+    """
+    whole_epoch = val_check_interval is None or (isinstance(val_check_interval, float) and val_check_interval == 1.0)
+    if check_val_every_n_epoch is None and whole_epoch:
+        raise ValueError(
+            "check_val_every_n_epoch=None validates only every val_check_interval training batches, and "
+            f"val_check_interval is {val_check_interval!r}: fit would never validate. Give val_check_interval=N "
+            "(an int: every N batches of the run, across epochs), or turn validation off with limit_val_batches=0.")
 
 
 @dataclass(frozen=True)
@@ -24,9 +38,11 @@ class Schedule:
         batches_per_epoch: Training batches per epoch; None when the data's length is unknown.
         steps_per_execution: Batches per compiled call, at most.
         accumulate_grad_batches: Batches per optimizer step.
-        val_check_interval: Validate every N batches (int) or every fraction of an epoch (float); None: at
-            epoch ends only.
-        check_val_every_n_epoch: Validate at every N-th epoch end; None: not at epoch ends.
+        val_check_interval: Validate every N batches (int) or every fraction of an epoch (float), and at
+            the epoch's end; None: at epoch ends only.
+        check_val_every_n_epoch: Validate only in every N-th epoch (at its end, and at its
+            `val_check_interval` batches). None: not at epoch ends, only every `val_check_interval` batches,
+            an int counted over the whole run (across epochs).
         log_every_n_steps: Log step metrics every N optimizer steps.
         whole_groups: End every execution at an accumulation group's boundary (several processes: a
             checkpoint there needs no other process's partial sums).
@@ -59,14 +75,15 @@ class Schedule:
         if self.max_steps is not None:
             steps = min(steps, (self.max_steps - progress.global_step) * accumulate - batch % accumulate)
         interval = self.val_interval_batches()
-        if interval is not None:
-            steps = min(steps, interval - batch % interval)
+        if interval is not None and self.validates_in_epoch(progress.epoch):
+            steps = min(steps, interval - self._batches_counted(progress) % interval)
         if self.whole_groups and accumulate > 1:
             steps = min(steps, accumulate - batch % accumulate)
         return max(steps, 0)
 
     def val_interval_batches(self) -> int | None:
-        """Validate every this many batches within an epoch; None: at epoch ends only."""
+        """Validate every this many batches (of the epoch, or of the run: see `check_val_every_n_epoch`);
+        None: at epoch ends only."""
         interval = self.val_check_interval
         if interval is None or (isinstance(interval, float) and interval == 1.0):
             return None
@@ -74,20 +91,55 @@ class Schedule:
             return interval
         return max(1, int(self.batches_per_epoch * interval))
 
+    def validates_in_epoch(self, epoch: int) -> bool:
+        """Whether the epoch (0-based) validates at all: every `check_val_every_n_epoch`-th one, as in Lightning
+        (its `val_check_interval` validations included); with None, every epoch."""
+        every = self.check_val_every_n_epoch
+        return every is None or (epoch + 1) % every == 0
+
     def validates_within_epoch(self, progress: Progress) -> bool:
         """Whether the batches run so far end at a validation inside the epoch (not at its last batch)."""
         interval = self.val_interval_batches()
-        batch = progress.batch_in_epoch
-        if interval is None or batch % interval:
+        if interval is None or not self.validates_in_epoch(progress.epoch):
             return False
-        return self.batches_per_epoch is None or batch < self.batches_per_epoch
+        if self._batches_counted(progress) % interval:
+            return False
+        return self.batches_per_epoch is None or progress.batch_in_epoch < self.batches_per_epoch
 
     def validates_at_epoch_end(self, progress: Progress) -> bool:
-        """Whether the current epoch's end validates."""
-        if self.val_interval_batches() is not None:
-            return True
-        every = self.check_val_every_n_epoch
-        return every is not None and (progress.epoch + 1) % every == 0
+        """Whether the current epoch's end validates: in a validating epoch, always; with
+        `check_val_every_n_epoch=None`, only where the run's count of batches reaches a `val_check_interval`."""
+        if self.check_val_every_n_epoch is not None:
+            return self.validates_in_epoch(progress.epoch)
+        interval = self.val_interval_batches()
+        return interval is not None and self._batches_counted(progress) % interval == 0
+
+    def _batches_counted(self, progress: Progress) -> int:
+        """The count an interval runs on: the epoch's batches; with `check_val_every_n_epoch=None` and an int
+        `val_check_interval`, the run's, so validations keep their rhythm across epochs (Lightning's rule)."""
+        whole_run = self.check_val_every_n_epoch is None and isinstance(self.val_check_interval, int)
+        return progress.batches_trained if whole_run else progress.batch_in_epoch
+
+    def check_validation(self) -> None:
+        """Refuse a validation rhythm that cannot run as asked (at fit, once the epoch's length is known).
+
+        Raises:
+            ValueError: A fraction of an epoch whose length is unknown, or a count of batches beyond the
+                epoch's end (it would never validate inside an epoch), naming what to pass instead.
+        """
+        interval = self.val_check_interval
+        if isinstance(interval, float) and interval < 1.0 and self.batches_per_epoch is None:
+            raise ValueError(
+                f"val_check_interval={interval} is a fraction of an epoch, and the number of batches in an epoch of "
+                "this training data is not known in advance (an iterable, a tf.data dataset or a PyDataset without "
+                "a length). Give an int: validate every N training batches.")
+        if (isinstance(interval, int) and self.check_val_every_n_epoch is not None
+                and self.batches_per_epoch is not None and interval > self.batches_per_epoch):
+            raise ValueError(
+                f"val_check_interval={interval} is more than the {self.batches_per_epoch} training batches of an "
+                "epoch, so it would never validate inside an epoch. Give at most "
+                f"{self.batches_per_epoch} (or a fraction of the epoch, e.g. 0.5), or pass "
+                "check_val_every_n_epoch=None to count batches over the whole run, across epochs.")
 
     def log_indices(self, stepped: Sequence[bool], steps_after: Sequence[int]) -> list[int]:
         """Of one execution's batches, those that end at a log step: an optimizer step taken, at a multiple

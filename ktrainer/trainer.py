@@ -48,7 +48,7 @@ from ktrainer.progress import Progress, draw_seed
 from ktrainer.reporting import Reporter, call_hook
 from ktrainer.run import RunIdentity
 from ktrainer.run_summary import fit_summary
-from ktrainer.schedule import Schedule
+from ktrainer.schedule import Schedule, check_validation_rhythm
 from ktrainer.stage_data import choose_source, shuffle_setting, split_training_data
 from ktrainer.state_dict import load_trainer_state_dict, trainer_state_dict
 from ktrainer.tracing import warn_if_not_training, watch_calls
@@ -84,8 +84,10 @@ class Trainer:
         limit_train_batches: Batches per training epoch: an int, or a float fraction of the epoch.
         limit_val_batches: Batches per validation: an int (0 turns validation off) or a fraction.
         val_check_interval: Validate every N training batches (int) or every fraction of an
-            epoch (float); None: at epoch ends only.
-        check_val_every_n_epoch: Validate at the end of every N-th epoch; None: not at epoch ends.
+            epoch (float), and at the epoch's end; None: at epoch ends only.
+        check_val_every_n_epoch: Validate only in every N-th epoch (at its end and at its
+            `val_check_interval` batches); None: not at epoch ends, only every `val_check_interval`
+            batches, an int counted over the whole run, across epochs (Lightning's rules).
         log_every_n_steps: Log step metrics every N optimizer steps.
         gradient_clip_val: Clip gradients to this global norm; None: no clipping.
         accumulate_grad_batches: Average the gradients of this many batches per optimizer step.
@@ -165,6 +167,7 @@ class Trainer:
         self.val_check_interval = optional(check_count_or_fraction, "val_check_interval", val_check_interval)
         self.check_val_every_n_epoch = check_int("check_val_every_n_epoch", check_val_every_n_epoch,
                                                  minimum=1, allow_none=True)
+        check_validation_rhythm(self.val_check_interval, self.check_val_every_n_epoch)
         self.log_every_n_steps = check_int("log_every_n_steps", log_every_n_steps, minimum=1)
         if gradient_clip_val is not None and not (isinstance(gradient_clip_val, int | float)
                                                   and gradient_clip_val > 0):
@@ -403,6 +406,7 @@ class Trainer:
                     val = None
                 if val is not None:
                     check_validation_stream(val, self.limit_val_batches)
+                    self.schedule.check_validation()
             self._build(module, with_optimizer=True)
             train_step = self._train_step = self.engine.train_step(
                 module, self.optimizers, self._configured, self.precision, gradient_clip_val=self.gradient_clip_val,

@@ -192,3 +192,8 @@ def test_format_1_keys_are_adopted_by_the_only_component_of_their_class():
     adopted = adopt_class_keys({"EarlyStopping": {"wait": 1}, "ModelCheckpoint": {"x": 1}, "Gone": {"y": 2}}, current)
     assert adopted == {"EarlyStopping{'monitor': 'val/loss', 'mode': 'min'}": {"wait": 1},
                        "ModelCheckpoint": {"x": 1}, "Gone": {"y": 2}}  # two ModelCheckpoints: ambiguous, left
+
+
+def test_an_allowed_change_maps_the_runs_count_of_batches_too():
+    result = check_global_batch({**progress(10), "batches_trained": 50}, 32, 64, allow_change=True)
+    assert (result["batch_in_epoch"], result["batches_trained"]) == (5, 25)

@@ -134,3 +134,17 @@ def test_draw_seed_is_a_non_negative_31_bit_integer():
     seeds = {draw_seed() for _ in range(8)}
     assert all(isinstance(seed, int) and 0 <= seed < 2**31 for seed in seeds)
     assert len(seeds) > 1
+
+
+def test_the_runs_count_of_batches_is_saved_across_epochs_and_defaults_for_older_checkpoints():
+    progress = mid_epoch()
+    progress.batches_trained = 57
+    state = progress.state_dict()
+    progress.epoch_done = True
+    assert state["batches_trained"] == progress.state_dict()["batches_trained"] == 57
+    restored = Progress()
+    restored.load_state_dict(state)
+    assert restored.batches_trained == 57
+    older = {key: value for key, value in state.items() if key != "batches_trained"}
+    restored.load_state_dict(older)
+    assert restored.batches_trained == state["batch_in_epoch"]

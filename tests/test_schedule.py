@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ktrainer.progress import Progress
-from ktrainer.schedule import Schedule
+from ktrainer.schedule import Schedule, check_validation_rhythm
 
 pytestmark = pytest.mark.both_backends
 
@@ -71,3 +71,61 @@ def test_log_steps_are_the_taken_steps_at_multiples_of_the_interval():
     stepped = np.array([True, False, True, True, False, True])  # accumulation: some batches end no step
     steps_after = np.array([1, 1, 2, 3, 3, 4])
     assert schedule.log_indices(stepped, steps_after) == [2, 5]
+
+
+def test_every_nth_epoch_also_gates_the_validations_inside_it():
+    schedule = Schedule(max_epochs=4, max_steps=None, batches_per_epoch=10, val_check_interval=0.5,
+                        check_val_every_n_epoch=2)
+    within = [(e, b) for e in range(4) for b in range(1, 11) if schedule.validates_within_epoch(at(epoch=e, batch=b))]
+    assert within == [(1, 5), (3, 5)]
+    assert [e for e in range(4) if schedule.validates_at_epoch_end(at(epoch=e))] == [1, 3]
+    assert schedule.batches_in_next_execution(at(epoch=0, batch=2)) == 1  # not cut at batch 5: no validation there
+    assert schedule.batches_in_next_execution(at(epoch=1, batch=2)) == 1
+    wide = Schedule(max_epochs=4, max_steps=None, batches_per_epoch=10, steps_per_execution=8,
+                    val_check_interval=5, check_val_every_n_epoch=2)
+    assert wide.batches_in_next_execution(at(epoch=0, batch=2)) == 8
+    assert wide.batches_in_next_execution(at(epoch=1, batch=2)) == 3
+
+
+def run_batches(epoch: int, batch: int, trained: int) -> Progress:
+    return Progress(epoch=epoch, batch_in_epoch=batch, batches_trained=trained)
+
+
+def test_without_epoch_checks_an_int_interval_counts_the_batches_of_the_whole_run():
+    schedule = Schedule(max_epochs=3, max_steps=None, batches_per_epoch=4, steps_per_execution=8,
+                        val_check_interval=6, check_val_every_n_epoch=None)
+    schedule.check_validation()  # more batches than an epoch holds is what this form is for
+    positions = [(e, b) for e in range(3) for b in range(1, 5)]
+    within = [(e, b) for e, b in positions if schedule.validates_within_epoch(run_batches(e, b, e * 4 + b))]
+    ends = [e for e in range(3) if schedule.validates_at_epoch_end(run_batches(e, 4, e * 4 + 4))]
+    assert (within, ends) == ([(1, 2)], [2])  # run batches 6 and 12; the one at an epoch's end runs there
+    assert schedule.batches_in_next_execution(run_batches(1, 0, 4)) == 2  # cut at run batch 6
+
+
+def test_without_epoch_checks_a_fraction_counts_within_each_epoch_and_never_at_its_end():
+    schedule = Schedule(max_epochs=2, max_steps=None, batches_per_epoch=10, val_check_interval=0.3,
+                        check_val_every_n_epoch=None)
+    within = [b for b in range(1, 11) if schedule.validates_within_epoch(run_batches(1, b, 10 + b))]
+    assert within == [3, 6, 9]
+    assert not schedule.validates_at_epoch_end(run_batches(1, 10, 20))
+
+
+@pytest.mark.parametrize(("settings", "names"), [
+    ({"val_check_interval": 11, "batches_per_epoch": 10}, ["val_check_interval=11", "10 training batches",
+                                                          "check_val_every_n_epoch=None"]),
+    ({"val_check_interval": 0.5, "batches_per_epoch": None}, ["val_check_interval=0.5", "not known",
+                                                             "Give an int"]),
+])
+def test_a_rhythm_that_cannot_run_is_refused_saying_what_to_pass(settings, names):
+    with pytest.raises(ValueError) as caught:
+        Schedule(max_epochs=1, max_steps=None, **settings).check_validation()
+    for name in names:
+        assert name in str(caught.value)
+
+
+def test_every_epoch_none_without_an_interval_is_refused_as_it_would_never_validate():
+    for interval in (None, 1.0):
+        with pytest.raises(ValueError, match="would never validate.*val_check_interval=N.*limit_val_batches=0"):
+            check_validation_rhythm(interval, None)
+    check_validation_rhythm(1, None)  # every batch
+    check_validation_rhythm(None, 3)

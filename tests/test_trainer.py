@@ -78,6 +78,9 @@ class ValidationCounter(kt.callbacks.Callback):
         ({"check_val_every_n_epoch": 2}, [16]),
         ({"val_check_interval": 3}, [3, 6, 8, 11, 14, 16, 19, 22, 24]),
         ({"val_check_interval": 0.5}, [4, 8, 12, 16, 20, 24]),
+        ({"val_check_interval": 0.5, "check_val_every_n_epoch": 2}, [12, 16]),  # only in the 2nd epoch, as Lightning
+        ({"val_check_interval": 5, "check_val_every_n_epoch": None}, [5, 10, 15, 20]),  # counted across epochs
+        ({"val_check_interval": 4, "check_val_every_n_epoch": None}, [4, 8, 12, 16, 20, 24]),
         ({"limit_val_batches": 0}, []),
     ],
 )
@@ -86,6 +89,35 @@ def test_validation_schedule(quiet, settings, expected):
     trainer = kt.Trainer(max_epochs=3, batch_size=32, callbacks=[counter], **settings, **quiet)
     trainer.fit(Classifier())
     assert counter.at_steps == expected
+
+
+def test_counting_across_epochs_keeps_its_rhythm_through_a_resume(tmp_path, quiet):
+    counter = ValidationCounter()
+    rhythm = {"val_check_interval": 5, "check_val_every_n_epoch": None, "default_root_dir": str(tmp_path)}
+    kt.Trainer(max_epochs=3, max_steps=12, batch_size=32, callbacks=[counter], **rhythm, **quiet).fit(Classifier())
+    resumed = ValidationCounter()
+    kt.Trainer(max_epochs=3, batch_size=32, callbacks=[resumed], **rhythm, **quiet).fit(Classifier(), ckpt_path="last")
+    assert (counter.at_steps, resumed.at_steps) == ([5, 10], [15, 20])  # stopped at epoch 1, batch 4
+
+
+def test_data_of_unknown_length_ending_at_a_validation_validates_there_once(quiet):
+    module = Classifier()
+    batches = [(module.x[i:i + 32], module.y[i:i + 32]) for i in range(0, 256, 32)]
+    counter = ValidationCounter()
+    trainer = kt.Trainer(max_epochs=1, batch_size=32, val_check_interval=4, callbacks=[counter], **quiet)
+    trainer.fit(module, train_data=(batch for batch in batches), val_data=(module.x, module.y))
+    assert counter.at_steps == [4, 8]
+    assert np.isfinite(trainer.history.history["val/loss"][0])  # the epoch's record holds that validation
+
+
+def test_a_validation_rhythm_that_cannot_run_is_refused_before_anything_is_built(tmp_path, quiet):
+    module = Classifier()
+    with pytest.raises(ValueError, match="val_check_interval=9 is more than the 8 training batches"):
+        kt.Trainer(max_epochs=1, batch_size=32, val_check_interval=9, default_root_dir=str(tmp_path),
+                   **quiet).fit(module)
+    assert module.model is None and list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="fit would never validate"):
+        kt.Trainer(check_val_every_n_epoch=None)
 
 
 def test_fast_dev_run_runs_one_batch_and_writes_nothing(tmp_path):
