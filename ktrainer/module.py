@@ -276,7 +276,8 @@ class Module:
         """Record the constructor arguments in `self.hparams`; loggers and checkpoints carry them.
 
         Call it in `__init__` after `super().__init__()`. With no names, every argument of the
-        calling `__init__` is recorded.
+        calling `__init__` is recorded, and of every `__init__` of this object's classes that led to
+        it: called in a base class, it records the subclass's arguments too (a subclass's value wins).
 
         Args:
             *names: Only record these arguments.
@@ -287,11 +288,13 @@ class Module:
         frame = inspect.currentframe().f_back
         if frame is None or frame.f_code.co_name != "__init__":
             raise RuntimeError("save_hyperparameters() must be called from the module's __init__.")
-        args = inspect.getargvalues(frame)
-        wanted = names or [a for a in args.args if a != "self"]
-        values = {name: args.locals[name] for name in wanted if name in args.locals}
-        if args.keywords and not names:
-            values.update(args.locals.get(args.keywords, {}))
+        values: dict[str, Any] = {}
+        for init in _init_frames_of(self, frame):  # the innermost (a base class's) first
+            args = inspect.getargvalues(init)
+            wanted = names or args.args[1:]
+            values.update({name: args.locals[name] for name in wanted if name in args.locals})
+            if args.keywords and not names:
+                values.update(args.locals.get(args.keywords, {}))
         self.hparams.update(values)
 
     # ----- used by the Trainer -----------------------------------------------------------
@@ -308,3 +311,14 @@ class Module:
         logged = dict(self._log_buffer)
         self._log_buffer.clear()
         return logged
+
+
+def _init_frames_of(module: Module, frame: Any) -> list[Any]:
+    """The chain of `__init__` frames constructing `module`, from `frame` out to the first caller that is not one."""
+    chain = []
+    while frame is not None and frame.f_code.co_name == "__init__" and frame.f_code.co_argcount:
+        if frame.f_locals.get(frame.f_code.co_varnames[0]) is not module:
+            break
+        chain.append(frame)
+        frame = frame.f_back
+    return chain

@@ -23,6 +23,31 @@ def test_save_hyperparameters_records_constructor_arguments():
     assert Selected(b=5).hparams == {"b": 5}
 
 
+class RecordingBase(kt.Module):
+    def __init__(self, lr=0.1, **kwargs):
+        super().__init__()
+        self.save_hyperparameters()
+
+
+class Widened(RecordingBase):
+    def __init__(self, width=8, lr=0.3, **kwargs):
+        super().__init__(lr=lr, **kwargs)
+
+
+class Owner(kt.Module):
+    def __init__(self, depth=2):
+        super().__init__()
+        self.part = Widened(width=4)  # built inside another module's __init__: its own arguments only
+        self.save_hyperparameters()
+
+
+def test_save_hyperparameters_in_a_base_class_records_the_subclass_arguments_too():
+    assert Widened(width=16, dropout=0.5).hparams == {"lr": 0.3, "width": 16, "dropout": 0.5}
+    assert RecordingBase(lr=0.2).hparams == {"lr": 0.2}
+    owner = Owner(depth=3)
+    assert (owner.hparams, owner.part.hparams) == ({"depth": 3}, {"lr": 0.3, "width": 4})
+
+
 def test_save_hyperparameters_outside_init_is_an_error():
     with pytest.raises(RuntimeError, match="__init__"):
         Regressor().save_hyperparameters()
