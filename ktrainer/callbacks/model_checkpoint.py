@@ -75,6 +75,14 @@ class ModelCheckpoint(Callback):
     Raises:
         ValueError: For a bad value of any argument (named, with what is allowed), `save_top_k`
             without `monitor`, or a `dirpath` that is an existing file.
+
+    Attributes:
+        last_saved: The URL of the newest checkpoint committed in this run (also `last_model_path`).
+        best_value: The best value of `monitor` saved so far, carried across resumes (also `best_model_score`).
+        best_model_path: The URL of the checkpoint holding `best_value` (what `ckpt_path="best"` loads
+            when this callback wrote the directory), carried across resumes; None without a monitor,
+            before the first save, or once retention deleted it (keep it with `save_top_k >= 1`).
+        resumed_from: The name of the checkpoint in `dirpath` the run resumed from, if any.
     """
 
     def __init__(self, dirpath: str | os.PathLike | None = None, *, every_n_train_steps: int | None = None,
@@ -119,6 +127,7 @@ class ModelCheckpoint(Callback):
         self.resumed_from: str | None = None
         self.last_saved: str | None = None
         self.best_value: float | None = None
+        self.best_model_path: str | None = None
         self._last_saved_step = -1
         self._last_saved_position: dict[str, Any] | None = None
         self._unsaved: tuple | None = None
@@ -258,9 +267,11 @@ class ModelCheckpoint(Callback):
         run = trainer.run
         save_id = f"{run.run_id}-{self._saves}"
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if math.isfinite(v)}
-        before = (self._last_saved_step, self._last_saved_position, self.best_value)
+        before = (self._last_saved_step, self._last_saved_position, self.best_value, self.best_model_path)
         self._last_saved_step, self._last_time, self._last_saved_position = step, time.monotonic(), position
         new_best = self._note_metric(metrics)
+        if new_best:
+            self.best_model_path = f"{self.io.url}/{checkpoint_name(step)}"  # before the state: it names itself
         state = trainer.state_dict()  # after the updates above: the checkpoint's own state knows itself
         if self.async_save:
             state = freeze(state, read_value)  # what the loop waits for; the writing happens in the background
@@ -294,7 +305,7 @@ class ModelCheckpoint(Callback):
 
     def _forget_failed_save(self) -> None:
         if self._unsaved is not None:
-            self._last_saved_step, self._last_saved_position, self.best_value = self._unsaved
+            self._last_saved_step, self._last_saved_position, self.best_value, self.best_model_path = self._unsaved
             self._unsaved = None
 
     def _note_metric(self, metrics: dict[str, float]) -> bool:
@@ -336,6 +347,8 @@ class ModelCheckpoint(Callback):
                 continue  # refused once: asking again at every save would only repeat the warning
             try:
                 self.io.delete(name, save_id=save_ids.get(name), run_ids=lineage)  # what was listed, nothing newer
+                if self.best_model_path == f"{self.io.url}/{name}":
+                    self.best_model_path = None  # retention did not keep it (save_top_k=0)
             except Exception as error:  # noqa: BLE001 - e.g. 403 on a write-once bucket: keep training
                 self._undeletable.add(name)
                 warnings.warn(f"Could not delete checkpoint {self.location.url}/{name} (retention): {error!r}. "
@@ -360,18 +373,30 @@ class ModelCheckpoint(Callback):
 
     # ----- state --------------------------------------------------------------------------
 
+    @property
+    def best_model_score(self) -> float | None:
+        """The best value of `monitor` among this run's saves (and the runs it continues); None without one."""
+        return self.best_value
+
+    @property
+    def last_model_path(self) -> str | None:
+        """The URL of the newest checkpoint this callback committed in this run; None before the first."""
+        return self.last_saved
+
     def state_dict(self) -> dict[str, Any]:
-        """The last saved step and position, and the best monitored value."""
+        """The last saved step and position, and the best monitored value and its checkpoint."""
         return {"last_saved_step": self._last_saved_step, "last_saved_position": self._last_saved_position,
-                "best_value": self.best_value}
+                "best_value": self.best_value, "best_model_path": self.best_model_path}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the last saved step and position, and the best monitored value."""
+        """Restore the last saved step and position, and the best monitored value and its checkpoint."""
         self._last_saved_step = int(state.get("last_saved_step", -1))
         position = state.get("last_saved_position")
         self._last_saved_position = position if isinstance(position, dict) else None
         best = state.get("best_value")
         self.best_value = float(best) if isinstance(best, int | float) else None
+        path = state.get("best_model_path")
+        self.best_model_path = path if isinstance(path, str) else None
 
 
 def _versions() -> dict[str, str]:

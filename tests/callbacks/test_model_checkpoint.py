@@ -13,6 +13,7 @@ import pytest
 import ktrainer as kt
 from ktrainer.checkpoint import CheckpointError
 from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
+from ktrainer.checkpoint.resume import find_checkpoint
 from tests.helpers import Classifier, read_scalars
 
 pytestmark = pytest.mark.both_backends
@@ -47,6 +48,30 @@ def test_steps_milestones_and_top_k(tmp_path):
     expected = {"step-00000022", "step-00000024", "step-00000008", "step-00000016", best}
     assert set(kept) == expected  # the newest two, the milestones, and the best by the lowest step loss
     assert checkpoint.best_value == min(losses.values()) or losses[best] <= checkpoint.best_value
+
+
+def test_best_model_path_names_the_checkpoint_best_loads_also_after_a_resume(tmp_path):
+    def checkpoint(**kwargs):  # the best by the highest loss: an early checkpoint, kept only as the best
+        return kt.callbacks.ModelCheckpoint(monitor="val/loss", mode="max", max_to_keep=1, **kwargs)
+
+    first = checkpoint(save_top_k=1)
+    trainer, _ = fit(tmp_path, first, max_epochs=3)
+    losses = {info.url: info.fields["metrics"]["val/loss"] for info in first.io.list()}
+    best = max(losses, key=losses.get)
+    assert (first.best_model_path, first.best_model_score) == (best, losses[best])
+    assert first.last_model_path == first.last_saved and first.last_model_path.endswith("step-00000024")
+    assert find_checkpoint("best", trainer.checkpoint_dir, {}).info.url == first.best_model_path
+    resumed = checkpoint(save_top_k=1)
+    kt.Trainer(max_epochs=4, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False, logger=False,
+               callbacks=[resumed]).fit(Classifier(), ckpt_path="last")
+    losses = {info.url: info.fields["metrics"]["val/loss"] for info in resumed.io.list()}
+    assert resumed.best_model_path == max(losses, key=losses.get)  # the first run's, unless epoch 4 beat it
+    unkept = checkpoint(save_top_k=0, dirpath=str(tmp_path / "unkept"))
+    fit(tmp_path, unkept, max_epochs=3)
+    assert names(tmp_path / "unkept") == ["step-00000024"]
+    [newest] = unkept.io.list()
+    newest_is_best = newest.fields["metrics"]["val/loss"] == unkept.best_value
+    assert unkept.best_model_path == (newest.url if newest_is_best else None)  # never a deleted checkpoint
 
 
 def test_last_falls_back_over_a_corrupt_newest_checkpoint_with_a_warning(tmp_path):
