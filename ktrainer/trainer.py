@@ -48,6 +48,7 @@ from ktrainer.progress import Progress, draw_seed
 from ktrainer.reporting import Reporter, call_hook
 from ktrainer.run import RunIdentity
 from ktrainer.run_summary import fit_summary
+from ktrainer.saving import save_checkpoint_at
 from ktrainer.schedule import Schedule, check_validation_rhythm
 from ktrainer.stage_data import choose_source, shuffle_setting, split_training_data
 from ktrainer.state_dict import load_trainer_state_dict, trainer_state_dict
@@ -316,13 +317,31 @@ class Trainer:
         """
         load_trainer_state_dict(self, self._module, self._train_step, state)
 
-    def save_checkpoint(self) -> list[str]:
-        """Save a checkpoint now through every ModelCheckpoint, and wait until it is committed.
+    def save_checkpoint(self, filepath: str | os.PathLike | None = None,
+                        storage_options: dict[str, Any] | None = None) -> list[str]:
+        """Save a checkpoint of the full training state now, and wait until it is committed.
+
+        Args:
+            filepath: Where (a path or any fsspec URL): one checkpoint there, outside every
+                ModelCheckpoint's retention; `fit(module, ckpt_path=filepath)` resumes from it. A
+                checkpoint of this run there is replaced; one of another run is refused. None: save
+                through every ModelCheckpoint, as its own saves (retention applies).
+            storage_options: fsspec options for `filepath`; default: the Trainer's.
 
         Returns:
             The URLs of the checkpoints saved (empty outside the chief, or without a ModelCheckpoint).
+
+        Raises:
+            RuntimeError: Before the model and optimizer are built (call it during or after fit).
+            CheckpointError: When `filepath` holds another run's checkpoint or a file, or the write fails.
         """
-        return save_checkpoints_now(self, "manual")
+        if filepath is None:
+            return save_checkpoints_now(self, "manual")
+        options = self.storage_options if storage_options is None else check_storage_options(
+            "storage_options", storage_options)
+        path = check_path("filepath", filepath)
+        saved = save_checkpoint_at(self, self._module, path, options)
+        return [] if saved is None else [saved]
 
     def precision_report(self, module: Module | None = None) -> dict[str, LayerPrecision]:
         """Compute and variable dtype of every layer of the module's model, by layer name.

@@ -2,31 +2,26 @@
 
 from __future__ import annotations
 
-import importlib
-import json
 import logging
 import math
 import os
-import sys
 import tempfile
 import time
 import warnings
 from typing import Any
-
-import keras
 
 from ktrainer.callbacks.callback import Callback
 from ktrainer.checkpoint.async_io import AsyncCheckpointIO
 from ktrainer.checkpoint.format import checkpoint_name
 from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
 from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
+from ktrainer.checkpoint.payload import checkpoint_payload
 from ktrainer.checkpoint.retention import Entry, Retention, to_delete
-from ktrainer.checkpoint.snapshot import freeze, to_files
+from ktrainer.checkpoint.snapshot import freeze
 from ktrainer.checkpoint.variables import read_value
 from ktrainer.checks import check_bool, check_choice, check_int, check_path, check_storage_options
 from ktrainer.compat.keras_internals import tensorflow_left_alone
 from ktrainer.fs import Location
-from ktrainer.run import MAX_LINEAGE
 
 __all__ = ["ModelCheckpoint"]
 
@@ -275,15 +270,8 @@ class ModelCheckpoint(Callback):
         state = trainer.state_dict()  # after the updates above: the checkpoint's own state knows itself
         if self.async_save:
             state = freeze(state, read_value)  # what the loop waits for; the writing happens in the background
-        config = _model_config(self._module.model)
-        files = to_files(state, save_id, extra_json={"model_config": config} if config is not None else None,
-                         read=read_value)
-        progress = state["progress"]
-        fields = {"step": step, "epoch": progress["epoch"], "batch_in_epoch": progress["batch_in_epoch"],
-                  "metrics": metrics, "monitor": self.monitor, "mode": self.mode, "owner": self.state_key,
-                  "run_id": run.run_id, "parent": run.parent, "lineage": run.lineage[-MAX_LINEAGE:],
-                  "save_id": save_id, "reason": reason, "hparams": state["run"]["hparams"], "versions": _versions(),
-                  "global_batch_size": state["run"]["global_batch_size"], "precision": state["run"]["precision"]}
+        files, fields = checkpoint_payload(state, self._module.model, run, save_id, {
+            "metrics": metrics, "monitor": self.monitor, "mode": self.mode, "owner": self.state_key, "reason": reason})
         if self.export_keras and new_best:
             self._export("best")  # in this thread: it reads the live model
         self._unsaved = before  # put back if this save fails: a failed save must not count as done
@@ -398,20 +386,3 @@ class ModelCheckpoint(Callback):
         path = state.get("best_model_path")
         self.best_model_path = path if isinstance(path, str) else None
 
-
-def _versions() -> dict[str, str]:
-    import ktrainer
-
-    backend = keras.config.backend()
-    module = sys.modules.get(backend) or importlib.import_module(backend)
-    return {"ktrainer": ktrainer.__version__, "keras": keras.__version__, backend: getattr(module, "__version__", "?")}
-
-
-def _model_config(model: keras.Model) -> dict | None:
-    try:
-        with tensorflow_left_alone():
-            config = keras.saving.serialize_keras_object(model)
-        json.dumps(config)
-        return config
-    except Exception:  # noqa: BLE001 - a subclassed model without get_config is fine: no export config
-        return None
