@@ -57,7 +57,7 @@ class FitLoop:
         self.val, self.val_runner, self.val_batches = val, val_runner, val_batches
         self.signals = signals
         self.epoch_record: dict[str, float] = {}  # what History records of the current epoch
-        self._validated_at: tuple[int, int] | None = None  # (epoch, batch) of the last validation, and its metrics
+        self._validated_at: tuple[int, int, int] | None = None  # (epoch, batch, step) of the last validation
         self._validated_metrics: dict[str, float] = {}
         self.sync_each_batch = _batch_hooks_read_weights(trainer.callbacks)
 
@@ -190,7 +190,7 @@ class FitLoop:
         trainer.state.at_epoch_end = True
         trainer.engine.sync()
         if self.val is not None and trainer.schedule.validates_at_epoch_end(progress):
-            if self._validated_at == (progress.epoch, progress.batch_in_epoch):
+            if self._validated_at == (progress.epoch, progress.batch_in_epoch, progress.global_step):
                 self.epoch_record.update(self._validated_metrics)  # data of unknown length ended where it validated
             else:
                 self._validate()
@@ -223,7 +223,8 @@ class FitLoop:
         metrics = run_evaluation(trainer, self.module, self.val, self.val_runner, self.val_batches, "val",
                                  before_execution=self._check_for_preemption)
         trainer.progress.pending_validation = False
-        self._validated_at = (trainer.progress.epoch, trainer.progress.batch_in_epoch)
+        progress = trainer.progress
+        self._validated_at = (progress.epoch, progress.batch_in_epoch, progress.global_step)  # the weights it saw
         self._validated_metrics = metrics
         trainer.log_metrics(metrics)
         if at_epoch_end:

@@ -14,18 +14,21 @@ from ktrainer.progress import Progress
 __all__ = ["Schedule", "check_validation_rhythm"]
 
 
-def check_validation_rhythm(val_check_interval: int | float | None, check_val_every_n_epoch: int | None) -> None:
-    """Refuse `check_val_every_n_epoch=None` without a `val_check_interval`: fit would never validate.
+def check_validation_rhythm(val_check_interval: int | float | None, check_val_every_n_epoch: int | None,
+                            limit_val_batches: int | float = 1.0) -> None:
+    """Refuse `check_val_every_n_epoch=None` without an int `val_check_interval` (Lightning's rule): it validates
+    only every `val_check_interval` batches of the run, so without one fit would never validate.
 
     Raises:
         ValueError: Naming what to pass instead.
     """
-    whole_epoch = val_check_interval is None or (isinstance(val_check_interval, float) and val_check_interval == 1.0)
-    if check_val_every_n_epoch is None and whole_epoch:
-        raise ValueError(
-            "check_val_every_n_epoch=None validates only every val_check_interval training batches, and "
-            f"val_check_interval is {val_check_interval!r}: fit would never validate. Give val_check_interval=N "
-            "(an int: every N batches of the run, across epochs), or turn validation off with limit_val_batches=0.")
+    if check_val_every_n_epoch is not None or limit_val_batches == 0 or isinstance(val_check_interval, int):
+        return
+    raise ValueError(
+        "check_val_every_n_epoch=None validates only every val_check_interval training batches of the run, "
+        f"counted across epochs, so val_check_interval must be an int; got {val_check_interval!r}. Give "
+        "val_check_interval=N, or keep check_val_every_n_epoch (1: every epoch) for a fraction of an epoch, or "
+        "turn validation off with limit_val_batches=0.")
 
 
 @dataclass(frozen=True)
@@ -41,8 +44,8 @@ class Schedule:
         val_check_interval: Validate every N batches (int) or every fraction of an epoch (float), and at
             the epoch's end; None: at epoch ends only.
         check_val_every_n_epoch: Validate only in every N-th epoch (at its end, and at its
-            `val_check_interval` batches). None: not at epoch ends, only every `val_check_interval` batches,
-            an int counted over the whole run (across epochs).
+            `val_check_interval` batches). None: not at epoch ends, only every `val_check_interval` batches
+            (an int) counted over the whole run, across epochs. Both None: the fit does not validate.
         log_every_n_steps: Log step metrics every N optimizer steps.
         whole_groups: End every execution at an accumulation group's boundary (several processes: a
             checkpoint there needs no other process's partial sums).
@@ -96,6 +99,15 @@ class Schedule:
         (its `val_check_interval` validations included); with None, every epoch."""
         every = self.check_val_every_n_epoch
         return every is None or (epoch + 1) % every == 0
+
+    def validates_at_all(self) -> bool:
+        """Whether this fit validates."""
+        return self.check_val_every_n_epoch is not None or self.val_interval_batches() is not None
+
+    def validates_once_per_epoch(self) -> bool:
+        """Whether validations fall once at every epoch's end and nowhere else (the default rhythm): then a check
+        of what they measured (EarlyStopping) belongs at the epoch's end, else after each validation."""
+        return self.check_val_every_n_epoch == 1 and self.val_interval_batches() is None
 
     def validates_within_epoch(self, progress: Progress) -> bool:
         """Whether the batches run so far end at a validation inside the epoch (not at its last batch)."""

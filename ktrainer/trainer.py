@@ -88,7 +88,7 @@ class Trainer:
             epoch (float), and at the epoch's end; None: at epoch ends only.
         check_val_every_n_epoch: Validate only in every N-th epoch (at its end and at its
             `val_check_interval` batches); None: not at epoch ends, only every `val_check_interval`
-            batches, an int counted over the whole run, across epochs (Lightning's rules).
+            batches (an int, required) counted over the whole run, across epochs (Lightning's rules).
         log_every_n_steps: Log step metrics every N optimizer steps.
         gradient_clip_val: Clip gradients to this global norm; None: no clipping.
         accumulate_grad_batches: Average the gradients of this many batches per optimizer step.
@@ -168,7 +168,6 @@ class Trainer:
         self.val_check_interval = optional(check_count_or_fraction, "val_check_interval", val_check_interval)
         self.check_val_every_n_epoch = check_int("check_val_every_n_epoch", check_val_every_n_epoch,
                                                  minimum=1, allow_none=True)
-        check_validation_rhythm(self.val_check_interval, self.check_val_every_n_epoch)
         self.log_every_n_steps = check_int("log_every_n_steps", log_every_n_steps, minimum=1)
         if gradient_clip_val is not None and not (isinstance(gradient_clip_val, int | float)
                                                   and gradient_clip_val > 0):
@@ -189,6 +188,7 @@ class Trainer:
             self.limit_train_batches = self.limit_val_batches = n
             self.val_check_interval, self.check_val_every_n_epoch = None, 1
             logger, self.enable_checkpointing = False, False
+        check_validation_rhythm(self.val_check_interval, self.check_val_every_n_epoch, self.limit_val_batches)
         self.loggers = resolve_loggers(logger)
         self.callbacks = default_callbacks(callbacks, enable_progress_bar, bool(self.loggers),
                                             self.enable_checkpointing)
@@ -414,10 +414,6 @@ class Trainer:
             self.estimated_training_batches = train.estimated_batches
             check_training_steps(self.num_training_batches, train.num_examples, self.batch_size,
                                  self.engine.replicas)
-            self.schedule = Schedule(
-                self.max_epochs, self.max_steps, self.num_training_batches, self.steps_per_execution,
-                self.accumulate_grad_batches, self.val_check_interval, self.check_val_every_n_epoch,
-                self.log_every_n_steps, whole_groups=self.engine.multi_process)
             val = None
             if self.limit_val_batches != 0:
                 val = self._source(val_data, module.val_data, "val_data", training=False, required=False)
@@ -425,7 +421,11 @@ class Trainer:
                     val = None
                 if val is not None:
                     check_validation_stream(val, self.limit_val_batches)
-                    self.schedule.check_validation()
+            rhythm = (self.val_check_interval, self.check_val_every_n_epoch) if val is not None else (None, None)
+            self.schedule = Schedule(
+                self.max_epochs, self.max_steps, self.num_training_batches, self.steps_per_execution,
+                self.accumulate_grad_batches, *rhythm, self.log_every_n_steps, whole_groups=self.engine.multi_process)
+            self.schedule.check_validation()
             self._build(module, with_optimizer=True)
             train_step = self._train_step = self.engine.train_step(
                 module, self.optimizers, self._configured, self.precision, gradient_clip_val=self.gradient_clip_val,

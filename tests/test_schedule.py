@@ -102,14 +102,6 @@ def test_without_epoch_checks_an_int_interval_counts_the_batches_of_the_whole_ru
     assert schedule.batches_in_next_execution(run_batches(1, 0, 4)) == 2  # cut at run batch 6
 
 
-def test_without_epoch_checks_a_fraction_counts_within_each_epoch_and_never_at_its_end():
-    schedule = Schedule(max_epochs=2, max_steps=None, batches_per_epoch=10, val_check_interval=0.3,
-                        check_val_every_n_epoch=None)
-    within = [b for b in range(1, 11) if schedule.validates_within_epoch(run_batches(1, b, 10 + b))]
-    assert within == [3, 6, 9]
-    assert not schedule.validates_at_epoch_end(run_batches(1, 10, 20))
-
-
 @pytest.mark.parametrize(("settings", "names"), [
     ({"val_check_interval": 11, "batches_per_epoch": 10}, ["val_check_interval=11", "10 training batches",
                                                           "check_val_every_n_epoch=None"]),
@@ -123,9 +115,21 @@ def test_a_rhythm_that_cannot_run_is_refused_saying_what_to_pass(settings, names
         assert name in str(caught.value)
 
 
-def test_every_epoch_none_without_an_interval_is_refused_as_it_would_never_validate():
-    for interval in (None, 1.0):
-        with pytest.raises(ValueError, match="would never validate.*val_check_interval=N.*limit_val_batches=0"):
+def test_every_epoch_none_needs_an_int_interval_unless_validation_is_off():
+    for interval in (None, 1.0, 0.5):
+        with pytest.raises(ValueError, match="must be an int.*val_check_interval=N.*limit_val_batches=0"):
             check_validation_rhythm(interval, None)
     check_validation_rhythm(1, None)  # every batch
-    check_validation_rhythm(None, 3)
+    check_validation_rhythm(None, None, limit_val_batches=0)
+    check_validation_rhythm(0.5, 3)
+
+
+def test_without_validation_data_nothing_validates_and_executions_are_not_cut():
+    schedule = Schedule(max_epochs=2, max_steps=None, batches_per_epoch=None, steps_per_execution=8,
+                        val_check_interval=None, check_val_every_n_epoch=None)
+    schedule.check_validation()
+    assert not schedule.validates_at_all() and not schedule.validates_once_per_epoch()
+    assert schedule.batches_in_next_execution(at(batch=3)) == 8
+    assert Schedule(max_epochs=1, max_steps=None, batches_per_epoch=8).validates_once_per_epoch()
+    assert not Schedule(max_epochs=1, max_steps=None, batches_per_epoch=8,
+                        check_val_every_n_epoch=2).validates_once_per_epoch()

@@ -110,14 +110,36 @@ def test_data_of_unknown_length_ending_at_a_validation_validates_there_once(quie
     assert np.isfinite(trainer.history.history["val/loss"][0])  # the epoch's record holds that validation
 
 
+def test_an_epoch_end_step_of_a_partial_group_is_validated_again(quiet):
+    module = Classifier()
+    batches = [(module.x[i:i + 32], module.y[i:i + 32]) for i in range(0, 192, 32)]  # 6 batches, unknown length
+    counter = ValidationCounter()
+    trainer = kt.Trainer(max_epochs=1, batch_size=32, val_check_interval=3, accumulate_grad_batches=4,
+                         callbacks=[counter], **quiet)
+    trainer.fit(module, train_data=(batch for batch in batches), val_data=(module.x, module.y))
+    assert counter.at_steps == [0, 1, 2]  # batches 3 and 6, then the weights after the last group's step
+
+
+def test_a_rhythm_for_validation_is_ignored_when_the_fit_has_none(quiet):
+    module = Classifier()
+    batches = [(module.x[i:i + 32], module.y[i:i + 32]) for i in range(0, 256, 32)]
+    trainer = kt.Trainer(max_epochs=1, batch_size=32, val_check_interval=0.5, limit_val_batches=0,
+                         steps_per_execution=8, **quiet)
+    trainer.fit(module, train_data=(batch for batch in batches))  # a fraction of an epoch of unknown length
+    assert trainer.global_step == 8
+
+
 def test_a_validation_rhythm_that_cannot_run_is_refused_before_anything_is_built(tmp_path, quiet):
     module = Classifier()
     with pytest.raises(ValueError, match="val_check_interval=9 is more than the 8 training batches"):
         kt.Trainer(max_epochs=1, batch_size=32, val_check_interval=9, default_root_dir=str(tmp_path),
                    **quiet).fit(module)
     assert module.model is None and list(tmp_path.iterdir()) == []
-    with pytest.raises(ValueError, match="fit would never validate"):
-        kt.Trainer(check_val_every_n_epoch=None)
+    for interval in (None, 0.5):
+        with pytest.raises(ValueError, match=f"val_check_interval must be an int; got {interval}"):
+            kt.Trainer(check_val_every_n_epoch=None, val_check_interval=interval)
+    kt.Trainer(check_val_every_n_epoch=None, limit_val_batches=0)  # no validation: nothing to count
+    kt.Trainer(check_val_every_n_epoch=None, fast_dev_run=True)  # validates its one batch at the epoch end
 
 
 def test_fast_dev_run_runs_one_batch_and_writes_nothing(tmp_path):

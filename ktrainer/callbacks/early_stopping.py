@@ -19,8 +19,10 @@ log = logging.getLogger(__name__)
 class EarlyStopping(Callback):
     """Stops `fit` when `monitor` has not improved by `min_delta` for `patience` validations.
 
-    It checks after each validation that happens at an epoch end (and, when the run has no
-    validation, at each training epoch end, on the epoch metrics).
+    When it checks (Lightning's rule): with the default rhythm (a validation at every epoch's end)
+    or no validation, at every epoch's end, once the epoch's training and validation metrics are
+    logged; with `val_check_interval` or `check_val_every_n_epoch` other than 1, after each
+    validation (never on an old validation's value at an epoch end that did not validate).
 
     Args:
         monitor: The metric to watch, e.g. "val/loss".
@@ -51,13 +53,14 @@ class EarlyStopping(Callback):
         self.best_weights: list[np.ndarray] | None = None
 
     def on_validation_end(self, trainer: Any, module: Any) -> None:
-        """Check the monitored metric after a validation at an epoch end."""
-        if trainer.state.stage == "fit" and trainer.state.at_epoch_end:
+        """Check after each validation in fit, when validations do not fall once at every epoch's end."""
+        if trainer.state.stage == "fit" and not _checks_at_epoch_ends(trainer):
             self._check(trainer, module)
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
-        """Check at epoch end when the epoch had no validation."""
-        if not trainer.state.validated_this_epoch:
+        """Check at every epoch's end, once its validation ran and its metrics are logged, when validations fall
+        once at every epoch's end (the default) or the fit has none (then a training metric is monitored)."""
+        if _checks_at_epoch_ends(trainer):
             self._check(trainer, module)
 
     def _check(self, trainer: Any, module: Any) -> None:
@@ -107,3 +110,10 @@ class EarlyStopping(Callback):
         self.stopped_epoch = state.get("stopped_epoch")
         weights = state.get("best_weights")
         self.best_weights = [np.array(w, copy=True) for w in weights] if weights is not None else None
+
+
+def _checks_at_epoch_ends(trainer: Any) -> bool:
+    """Lightning's rule: at epoch ends with the default rhythm or no validation; after each validation otherwise
+    (at an epoch end with no validation the monitored value would be an old validation's)."""
+    schedule = trainer.schedule
+    return schedule.validates_once_per_epoch() or not schedule.validates_at_all()

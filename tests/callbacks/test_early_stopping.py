@@ -36,6 +36,37 @@ def test_mode_max_and_min_delta(quiet):
     assert trainer.current_epoch == 2  # accuracy can never improve by 2.0
 
 
+def test_a_training_epoch_metric_is_checked_once_the_epoch_logged_it(quiet):
+    stopper = kt.callbacks.EarlyStopping(monitor="train/loss_epoch", patience=100)
+    trainer = kt.Trainer(max_epochs=3, batch_size=32, callbacks=[stopper], **quiet)
+    trainer.fit(Classifier())  # with validation data: the check waits for the epoch's own training metrics
+    assert stopper.best == min(trainer.history.history["train/loss_epoch"])
+
+
+class FrozenAfterFirstValidation(Classifier):
+    """A validation score that never improves after the first validation."""
+
+    def __init__(self):
+        super().__init__()
+        self.validations = 0
+
+    def on_validation_epoch_end(self):
+        self.log("val/score", min(float(self.validations), 1.0))
+        self.validations += 1
+
+
+@pytest.mark.parametrize(("rhythm", "stopped_at_step"), [
+    ({"check_val_every_n_epoch": 2}, 48),  # validations at steps 16, 32, 48...: the third is the second miss
+    ({"val_check_interval": 5, "check_val_every_n_epoch": None}, 15),  # every 5 batches, across epochs
+])
+def test_patience_counts_validations_not_epoch_ends_without_one(quiet, rhythm, stopped_at_step):
+    stopper = kt.callbacks.EarlyStopping(monitor="val/score", patience=2)
+    trainer = kt.Trainer(max_epochs=20, batch_size=32, callbacks=[stopper], **rhythm, **quiet)
+    trainer.fit(FrozenAfterFirstValidation())
+    assert stopper.state_dict()["best"] == 0.0 and stopper.wait == 2
+    assert trainer.global_step == stopped_at_step
+
+
 def test_missing_metric_is_an_error_naming_the_logged_ones(quiet):
     stopper = kt.callbacks.EarlyStopping(monitor="val/typo")
     with pytest.raises(RuntimeError, match=r"monitor='val/typo'.*found no such metric.*val/loss"):
