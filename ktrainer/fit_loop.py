@@ -276,6 +276,7 @@ class FitLoop:
                 engine.sync()
                 inner.finalize_variable_values(rule.variables)
                 engine.reload()
+                self.trainer.state.averages_in_weights = True
 
     def _log_hook_values(self) -> None:
         """Log what the module logged from a Python hook (numbers), at once, at the current step."""

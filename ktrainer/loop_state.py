@@ -16,6 +16,8 @@ class TrainerState:
         first_batch_of_epoch: The batch the current epoch started (or resumed) at.
         at_epoch_end: True while the epoch-end validation and hooks run.
         validated_this_epoch: True once the current epoch ran a validation at its end.
+        averages_in_weights: The optimizer's moving averages (`use_ema=True`) were put into the weights at
+            the end of fit: the model no longer holds the weights training ended with.
         logged_steps: The global steps the last execution logged, each with the optimizer updates applied
             after it within that execution (a per-step value such as the learning rate is read back by them).
     """
@@ -24,4 +26,5 @@ class TrainerState:
     first_batch_of_epoch: int = 0
     at_epoch_end: bool = False
     validated_this_epoch: bool = False
+    averages_in_weights: bool = False
     logged_steps: tuple[tuple[int, int], ...] = ()

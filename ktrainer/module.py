@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -272,7 +273,7 @@ class Module:
             raise RuntimeError("self.manual_step(...) works inside training_step only.")
         return self._manual.manual_step(loss_fn, optimizer, variables)
 
-    def save_hyperparameters(self, *names: str) -> None:
+    def save_hyperparameters(self, *names: str, ignore: str | Sequence[str] | None = None) -> None:
         """Record the constructor arguments in `self.hparams`; loggers and checkpoints carry them.
 
         Call it in `__init__` after `super().__init__()`. With no names, every argument of the
@@ -281,10 +282,12 @@ class Module:
 
         Args:
             *names: Only record these arguments.
+            ignore: Leave these arguments out (e.g. a backbone model or a dataset: not hyperparameters).
 
         Raises:
             RuntimeError: If not called from within an `__init__`.
         """
+        ignored = {ignore} if isinstance(ignore, str) else set(ignore or ())
         frame = inspect.currentframe().f_back
         if frame is None or frame.f_code.co_name != "__init__":
             raise RuntimeError("save_hyperparameters() must be called from the module's __init__.")
@@ -295,7 +298,7 @@ class Module:
             values.update({name: args.locals[name] for name in wanted if name in args.locals})
             if args.keywords and not names:
                 values.update(args.locals.get(args.keywords, {}))
-        self.hparams.update(values)
+        self.hparams.update({name: value for name, value in values.items() if name not in ignored})
 
     # ----- used by the Trainer -----------------------------------------------------------
 

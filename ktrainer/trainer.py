@@ -317,7 +317,7 @@ class Trainer:
         """
         load_trainer_state_dict(self, self._module, self._train_step, state)
 
-    def save_checkpoint(self, filepath: str | os.PathLike | None = None,
+    def save_checkpoint(self, filepath: str | os.PathLike | None = None, *,
                         storage_options: dict[str, Any] | None = None) -> list[str]:
         """Save a checkpoint of the full training state now, and wait until it is committed.
 
@@ -333,7 +333,9 @@ class Trainer:
 
         Raises:
             RuntimeError: Before the model and optimizer are built (call it during or after fit).
-            CheckpointError: When `filepath` holds another run's checkpoint or a file, or the write fails.
+            ValueError: For a `step-...` name.
+            CheckpointError: When `filepath` holds another run's checkpoint, a folder of other files or a
+                file, or the write fails.
         """
         if filepath is None:
             return save_checkpoints_now(self, "manual")

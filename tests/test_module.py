@@ -48,6 +48,16 @@ def test_save_hyperparameters_in_a_base_class_records_the_subclass_arguments_too
     assert (owner.hparams, owner.part.hparams) == ({"depth": 3}, {"lr": 0.3, "width": 4})
 
 
+class WithBackbone(kt.Module):
+    def __init__(self, backbone, lr=0.1, data=None):
+        super().__init__()
+        self.save_hyperparameters(ignore=["backbone", "data"])
+
+
+def test_save_hyperparameters_leaves_out_what_ignore_names():
+    assert WithBackbone(keras.layers.Dense(2), lr=0.5, data=[1, 2]).hparams == {"lr": 0.5}
+
+
 def test_save_hyperparameters_outside_init_is_an_error():
     with pytest.raises(RuntimeError, match="__init__"):
         Regressor().save_hyperparameters()

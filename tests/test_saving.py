@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import keras
 import numpy as np
 import pytest
 
@@ -42,13 +43,23 @@ def test_a_checkpoint_saved_to_a_path_after_fit_resumes_as_if_the_run_had_not_st
     first.fit(Classifier())
     [url] = first.save_checkpoint(tmp_path / "final")
     assert url.endswith("/final") and os.path.exists(tmp_path / "final" / "manifest.json")
-    listed = sorted(os.listdir(tmp_path / "run" / "checkpoints"))
     resumed, module = trainer(tmp_path / "run", 4), Classifier()
     resumed.fit(module, ckpt_path=str(tmp_path / "final"))
     assert resumed.global_step == 32
     for got, want in zip(module.model.get_weights(), expected, strict=True):
         np.testing.assert_array_equal(got, want)
-    assert "final" not in listed  # outside the run's checkpoints: "last" and retention never see it
+
+
+def test_a_checkpoint_saved_among_the_runs_is_outside_last_and_retention(tmp_path):
+    first = trainer(tmp_path, 1, callbacks=[kt.callbacks.ModelCheckpoint(max_to_keep=1)])
+    first.fit(Classifier())
+    kept = tmp_path / "checkpoints" / "kept"
+    first.save_checkpoint(kept)
+    resumed = trainer(tmp_path, 3, callbacks=[kt.callbacks.ModelCheckpoint(max_to_keep=1)])
+    resumed.fit(Classifier(), ckpt_path="last")
+    # retention: the newest and the one resumed from (step 16 went); "kept" is left alone
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["kept", "step-00000008", "step-00000024"]
+    assert resumed.checkpoint_callback.resumed_from == "step-00000008"  # "last" was the ModelCheckpoint's
 
 
 def test_a_save_in_the_middle_of_an_epoch_to_s3_resumes_there(tmp_path, s3_bucket):
@@ -79,6 +90,35 @@ def test_another_runs_checkpoint_at_the_path_is_refused_and_this_runs_is_replace
     resumed = trainer(tmp_path / "a", 2)
     resumed.fit(Classifier(), ckpt_path=str(tmp_path / "shared"))
     assert resumed.global_step == 16  # the replacing checkpoint, at the end of epoch 2
+
+
+def test_a_path_that_is_not_a_new_or_own_checkpoint_is_refused_before_anything_is_written(tmp_path):
+    run = trainer(tmp_path, 1)
+    run.fit(Classifier())
+    with pytest.raises(ValueError, match="names like 'step-00000099' are a ModelCheckpoint's"):
+        run.save_checkpoint(tmp_path / "checkpoints" / "step-00000099")
+    with pytest.raises(CheckpointError, match="a folder holding 1 entries .*'step-00000008'.*Pass a new path"):
+        run.save_checkpoint(tmp_path / "checkpoints")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="'todo.txt'"):
+        run.save_checkpoint(tmp_path / "notes")
+    assert sorted(os.listdir(tmp_path / "notes")) == ["todo.txt"]
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000008"]
+    with pytest.raises(TypeError):
+        run.save_checkpoint(tmp_path / "x", {})  # storage_options is keyword-only (Lightning's 2nd is weights_only)
+
+
+class AveragedClassifier(Classifier):
+    def configure_optimizers(self):
+        return keras.optimizers.Adam(self.lr, use_ema=True)
+
+
+def test_saving_after_fit_with_moving_averages_in_the_weights_warns_it_will_not_resume_exactly(tmp_path):
+    run = trainer(tmp_path, 1)
+    run.fit(AveragedClassifier())
+    with pytest.warns(UserWarning, match="moving averages .*save during fit"):
+        run.save_checkpoint(tmp_path / "averaged")
 
 
 def test_saving_before_anything_is_built_is_a_clear_error_and_writes_nothing(tmp_path):

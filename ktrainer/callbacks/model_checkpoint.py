@@ -72,11 +72,12 @@ class ModelCheckpoint(Callback):
             without `monitor`, or a `dirpath` that is an existing file.
 
     Attributes:
-        last_saved: The URL of the newest checkpoint committed in this run (also `last_model_path`).
+        last_saved: The URL of the newest checkpoint of this run (also `last_model_path`). These
+            attributes are the same on every process; only the chief writes.
         best_value: The best value of `monitor` saved so far, carried across resumes (also `best_model_score`).
         best_model_path: The URL of the checkpoint holding `best_value` (what `ckpt_path="best"` loads
             when this callback wrote the directory), carried across resumes; None without a monitor,
-            before the first save, or once retention deleted it (keep it with `save_top_k >= 1`).
+            before the first save, or when retention may delete it (`save_top_k=0` with a `max_to_keep`).
         resumed_from: The name of the checkpoint in `dirpath` the run resumed from, if any.
     """
 
@@ -234,10 +235,10 @@ class ModelCheckpoint(Callback):
     def save(self, trainer: Any, reason: str = "manual") -> None:
         """Save the training state now (the loop blocks only for the copy to host memory when `async_save`).
 
-        Nothing happens outside the chief process, or when this very progress (step, epoch, batch,
-        pending validation, ...) is already saved (by this run, or as the checkpoint the run resumed
-        from). A save that fails does not count as done. At preemption, a failure of the previous
-        background save is logged and the save goes ahead.
+        Only the chief process writes (the others note what it wrote: `last_saved`, the best); nothing
+        happens when this very progress (step, epoch, batch, pending validation, ...) is already saved
+        (by this run, or as the checkpoint the run resumed from). A save that fails does not count as
+        done. At preemption, a failure of the previous background save is logged and the save goes ahead.
 
         Args:
             trainer: The Trainer.
@@ -246,10 +247,12 @@ class ModelCheckpoint(Callback):
         Raises:
             CheckpointError: When this save fails synchronously, or the previous background save failed.
         """
-        if not trainer.is_global_zero or self.io is None:
+        if self.io is None:
             return
+        chief = trainer.is_global_zero
         try:
-            self.wait()  # at most one save in flight; raises a failure of the previous one (then not counted)
+            if chief:
+                self.wait()  # at most one save in flight; raises a failure of the previous one (then not counted)
         except CheckpointError as error:
             if reason != "preemption":
                 raise
@@ -265,8 +268,12 @@ class ModelCheckpoint(Callback):
         before = (self._last_saved_step, self._last_saved_position, self.best_value, self.best_model_path)
         self._last_saved_step, self._last_time, self._last_saved_position = step, time.monotonic(), position
         new_best = self._note_metric(metrics)
-        if new_best:
-            self.best_model_path = f"{self.io.url}/{checkpoint_name(step)}"  # before the state: it names itself
+        url = f"{self.io.url}/{checkpoint_name(step)}"
+        if new_best and (self.save_top_k >= 1 or self.max_to_keep is None):  # retention keeps it
+            self.best_model_path = url  # before the state is taken: the checkpoint names itself
+        if not chief:  # the chief writes; every process knows what it wrote (the metrics are the same on all)
+            self.last_saved = url
+            return
         state = trainer.state_dict()  # after the updates above: the checkpoint's own state knows itself
         if self.async_save:
             state = freeze(state, read_value)  # what the loop waits for; the writing happens in the background
@@ -335,8 +342,6 @@ class ModelCheckpoint(Callback):
                 continue  # refused once: asking again at every save would only repeat the warning
             try:
                 self.io.delete(name, save_id=save_ids.get(name), run_ids=lineage)  # what was listed, nothing newer
-                if self.best_model_path == f"{self.io.url}/{name}":
-                    self.best_model_path = None  # retention did not keep it (save_top_k=0)
             except Exception as error:  # noqa: BLE001 - e.g. 403 on a write-once bucket: keep training
                 self._undeletable.add(name)
                 warnings.warn(f"Could not delete checkpoint {self.location.url}/{name} (retention): {error!r}. "

@@ -203,7 +203,7 @@ def _ranked(candidates: list[CheckpointInfo], io: FsspecCheckpointIO) -> list[Ch
         metrics, monitor = fields.get("metrics"), fields.get("monitor")
         if isinstance(metrics, dict) and isinstance(metrics.get(monitor), int | float):
             sign = -1.0 if fields.get("mode") == "max" else 1.0
-            ranked.append((sign * metrics[monitor], -info.committed, info))
+            ranked.append((sign * metrics[monitor], info.committed, info))  # a tie: the first to reach it
     if not ranked:
         raise CheckpointError(f"ckpt_path='best': no checkpoint under {io.url} records a monitored metric. Give "
                               "ModelCheckpoint a monitor=..., or use 'last' or a URI.")

@@ -69,9 +69,20 @@ def test_best_model_path_names_the_checkpoint_best_loads_also_after_a_resume(tmp
     unkept = checkpoint(save_top_k=0, dirpath=str(tmp_path / "unkept"))
     fit(tmp_path, unkept, max_epochs=3)
     assert names(tmp_path / "unkept") == ["step-00000024"]
-    [newest] = unkept.io.list()
-    newest_is_best = newest.fields["metrics"]["val/loss"] == unkept.best_value
-    assert unkept.best_model_path == (newest.url if newest_is_best else None)  # never a deleted checkpoint
+    assert unkept.best_model_path is None and unkept.best_value is not None  # retention may delete the best
+
+
+class LevelScore(Classifier):
+    def on_validation_epoch_end(self):
+        self.log("val/level", 1.0)  # levels off from the first validation
+
+
+def test_on_a_tie_best_is_the_first_checkpoint_to_reach_the_value_for_path_retention_and_loading(tmp_path):
+    checkpoint = kt.callbacks.ModelCheckpoint(monitor="val/level", mode="max", save_top_k=1, max_to_keep=1)
+    trainer, _ = fit(tmp_path, checkpoint, module=LevelScore(), max_epochs=3)
+    assert checkpoint.best_model_path.endswith("step-00000008")
+    assert names(tmp_path / "checkpoints") == ["step-00000008", "step-00000024"]
+    assert find_checkpoint("best", trainer.checkpoint_dir, {}).info.url == checkpoint.best_model_path
 
 
 def test_last_falls_back_over_a_corrupt_newest_checkpoint_with_a_warning(tmp_path):

@@ -27,5 +27,6 @@ x, y = data()
 trainer.fit(module, (x, y))
 print("RESULT", json.dumps({"process": jax.process_index(), "replicas": trainer.num_replicas,
                             "step": trainer.global_step, "chief": trainer.is_global_zero,
+                            "last_model_path": trainer.checkpoint_callback.last_model_path,
                             "weights": [np.asarray(w).tolist() for w in module.model.get_weights()],
                             "tensorflow_imported": "tensorflow" in sys.modules}), flush=True)
