@@ -324,8 +324,11 @@ class Trainer:
         Args:
             filepath: Where (a path or any fsspec URL): one checkpoint there, outside every
                 ModelCheckpoint's retention; `fit(module, ckpt_path=filepath)` resumes from it. A
-                checkpoint of this run there is replaced; one of another run is refused. None: save
-                through every ModelCheckpoint, as its own saves (retention applies).
+                checkpoint of this run there is replaced; one of another run, a folder of other files
+                and a `step-...` name (a ModelCheckpoint's) are refused. Only the chief process
+                writes and the others return at once: read it from them once the chief's call
+                returned (after fit, say). None: save through every ModelCheckpoint, as its own
+                saves (retention applies).
             storage_options: fsspec options for `filepath`; default: the Trainer's.
 
         Returns:
