@@ -132,11 +132,13 @@ class FitLoop:
                     check_training_steps(0, None, trainer.batch_size, trainer.engine.replicas)
                 return True
             step_metrics = self._account(outputs, metrics)
+            due = self.val is not None and trainer.schedule.validates_within_epoch(progress)
+            progress.pending_validation = due  # a checkpoint saved before it runs (batch hooks, preemption) runs it
             if self.sync_each_batch:
                 trainer.engine.sync()
             self._call("on_train_batch_end", step_metrics, progress.batch_in_epoch - 1)
             self._check_for_preemption(outputs)
-            if self.val is not None and trainer.schedule.validates_within_epoch(progress):
+            if due:
                 self._validate()
             if ran < num_steps:
                 return True

@@ -73,8 +73,9 @@ class Progress:
         epoch_sums: The current epoch's running metric sums.
         epoch_done: The current epoch's data is consumed and its end processed (validation, epoch
             metrics); `epoch` moves on once its `on_train_epoch_end` hooks ran.
-        pending_validation: A validation inside the epoch was interrupted (by preemption): a
-            resumed run repeats it first.
+        pending_validation: A validation inside the epoch is due here and has not finished (a
+            checkpoint saved in the batch hooks before it, or a preemption during it): a resumed run
+            runs it first.
     """
 
     global_step: int = 0

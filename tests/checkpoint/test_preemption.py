@@ -124,6 +124,21 @@ def test_a_signal_during_validation_stops_there_and_the_resumed_run_repeats_that
     assert validations.at == [(3, 3), (6, 6), (8, 8)]  # the interrupted one first, then the schedule goes on
 
 
+def test_a_checkpoint_saved_where_a_validation_is_due_runs_it_first_on_resume(tmp_path):
+    # The step save at step 3 comes in the batch hooks, before that step's validation (as in Lightning).
+    straight = Validations()
+    _trainer(tmp_path / "straight", 8, straight, val_check_interval=3).fit(Classifier())
+    def step_saves():
+        return kt.callbacks.ModelCheckpoint(every_n_train_steps=3, max_to_keep=None)
+
+    _trainer(tmp_path / "run", 8, step_saves(), val_check_interval=3).fit(Classifier())
+    resumed_validations = Validations()
+    resumed = _trainer(tmp_path / "run", 8, step_saves(), resumed_validations, val_check_interval=3)
+    resumed.fit(Classifier(), ckpt_path=str(tmp_path / "run" / "checkpoints" / "step-00000003"))
+    assert straight.at == [(3, 3), (6, 6), (8, 8)]
+    assert resumed_validations.at == straight.at  # the validation at step 3 is not lost
+
+
 def test_a_signal_during_an_async_save_waits_for_it_and_exits_with_it_committed(tmp_path):
     checkpoint = kt.callbacks.ModelCheckpoint(every_n_train_steps=2, async_save=True)
     trainer = _trainer(tmp_path, 100, checkpoint, SignalAt("on_train_batch_end", lambda t: checkpoint.io.in_flight))
