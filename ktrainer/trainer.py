@@ -286,6 +286,14 @@ class Trainer:
             return callback.resolve_location(self.default_root_dir, self.storage_options)
         return Location(f"{self.default_root_dir.rstrip('/')}/checkpoints", self.storage_options)
 
+    def _named_checkpoint(self, ckpt_path: str | None) -> str | None:
+        """"best" after this Trainer's fit: its ModelCheckpoint's `best_model_path`, as in Lightning (not a better
+        checkpoint of an unrelated run in the same directory); else `ckpt_path` as given."""
+        callback = self.checkpoint_callback
+        if ckpt_path == "best" and callback is not None and callback.best_model_path:
+            return callback.best_model_path
+        return ckpt_path
+
     def state_dict(self) -> dict[str, Any]:
         """Everything a checkpoint holds to continue this run exactly, by section.
 
@@ -394,7 +402,7 @@ class Trainer:
             Preempted: After a preemption signal, once a checkpoint is saved (a SystemExit).
         """
         check_module_hooks(module, Module, ("build", "configure_optimizers", "training_step"))
-        ckpt_path = check_ckpt_path(ckpt_path)
+        ckpt_path = self._named_checkpoint(check_ckpt_path(ckpt_path))
         if shuffle is not None:
             check_bool("shuffle", shuffle)
         check_validation_split(validation_split, val_data)
@@ -502,7 +510,7 @@ class Trainer:
             A numpy array (or a structure of arrays, as predict_step returns), one row per example.
         """
         check_module_hooks(module, Module, ("build",))
-        ckpt_path = check_ckpt_path(ckpt_path)
+        ckpt_path = self._named_checkpoint(check_ckpt_path(ckpt_path))
         with self._run("predict", module):
             source = self._source(data, module.predict_data, "predict_data", training=False, required=True)
             self._build(module, with_optimizer=False)
@@ -522,7 +530,7 @@ class Trainer:
     def _evaluate(self, module: Module, data: Any, hook: str, prefix: str, stage: str,
                   ckpt_path: str | os.PathLike | None) -> dict[str, float]:
         check_module_hooks(module, Module, ("build",))
-        ckpt_path = check_ckpt_path(ckpt_path)
+        ckpt_path = self._named_checkpoint(check_ckpt_path(ckpt_path))
         kind = HOOK_NAMES[prefix]
         with self._run(stage, module):
             source = self._source(data, getattr(module, f"{prefix}_data"), f"{prefix}_data",

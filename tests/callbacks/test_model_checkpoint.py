@@ -85,6 +85,21 @@ def test_on_a_tie_best_is_the_first_checkpoint_to_reach_the_value_for_path_reten
     assert find_checkpoint("best", trainer.checkpoint_dir, {}).info.url == checkpoint.best_model_path
 
 
+def test_after_fit_best_is_this_runs_best_not_a_better_one_of_an_earlier_run_in_the_directory(tmp_path):
+    def checkpoint():
+        return kt.callbacks.ModelCheckpoint(monitor="val/loss", save_top_k=1)
+
+    fit(tmp_path, checkpoint(), module=Classifier(lr=3e-2), max_epochs=3)  # a good earlier run: steps 8, 16, 24
+    later = checkpoint()
+    trainer = kt.Trainer(max_epochs=1, batch_size=64, default_root_dir=str(tmp_path), enable_progress_bar=False,
+                         logger=False, callbacks=[later])
+    module = Classifier(lr=0.0)  # a fresh run that learns nothing: its best is worse than the earlier run's
+    trainer.fit(module)
+    assert later.best_model_path.endswith("step-00000004")
+    assert find_checkpoint("best", trainer.checkpoint_dir, {}).info.url.endswith("step-00000024")  # by manifests
+    assert trainer.validate(module, ckpt_path="best") == trainer.validate(module, ckpt_path=later.best_model_path)
+
+
 def test_last_falls_back_over_a_corrupt_newest_checkpoint_with_a_warning(tmp_path):
     fit(tmp_path, max_epochs=2)
     [newest] = (tmp_path / "checkpoints" / "step-00000016").glob("model-00000.*.tensors")
