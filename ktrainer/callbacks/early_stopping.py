@@ -32,13 +32,16 @@ class EarlyStopping(Callback):
         strict: Raise if `monitor` is not among the metrics when a check happens.
         restore_best_weights: When it stops the run, put back the model's weights of its best
             check (as Keras's EarlyStopping does); a checkpoint keeps them.
+        check_on_train_epoch_end: True: check at every epoch's end (a training metric, with validation
+            inside epochs); False: after each validation in fit; None: the rule above (as Lightning).
 
     Raises:
-        ValueError: For a bad `mode`, `patience` or `min_delta`.
+        ValueError: For a bad `mode`, `patience`, `min_delta` or `check_on_train_epoch_end`.
     """
 
     def __init__(self, monitor: str = "val/loss", mode: str = "min", patience: int = 3,
-                 min_delta: float = 0.0, strict: bool = True, restore_best_weights: bool = False) -> None:
+                 min_delta: float = 0.0, strict: bool = True, restore_best_weights: bool = False,
+                 check_on_train_epoch_end: bool | None = None) -> None:
         self.monitor = monitor
         self.mode = check_choice("mode", mode, ("min", "max"))
         self.patience = check_int("patience", patience, minimum=0)
@@ -51,26 +54,36 @@ class EarlyStopping(Callback):
         self.stopped_epoch: int | None = None
         self.restore_best_weights = check_bool("restore_best_weights", restore_best_weights)
         self.best_weights: list[np.ndarray] | None = None
+        self.check_on_train_epoch_end = None if check_on_train_epoch_end is None else check_bool(
+            "check_on_train_epoch_end", check_on_train_epoch_end)
 
     def on_validation_end(self, trainer: Any, module: Any) -> None:
         """Check after each validation in fit, when validations do not fall once at every epoch's end."""
-        if trainer.state.stage == "fit" and not _checks_at_epoch_ends(trainer):
+        if trainer.state.stage == "fit" and not self._checks_at_epoch_ends(trainer):
             self._check(trainer, module)
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         """Check at every epoch's end, once its validation ran and its metrics are logged, when validations fall
         once at every epoch's end (the default) or the fit has none (then a training metric is monitored)."""
-        if _checks_at_epoch_ends(trainer):
+        if self._checks_at_epoch_ends(trainer):
             self._check(trainer, module)
+
+    def _checks_at_epoch_ends(self, trainer: Any) -> bool:
+        if self.check_on_train_epoch_end is not None:
+            return self.check_on_train_epoch_end
+        return _checks_at_epoch_ends(trainer)
 
     def _check(self, trainer: Any, module: Any) -> None:
         value = trainer.callback_metrics.get(self.monitor)
         if value is None:
             if self.strict:
                 known = ", ".join(sorted(trainer.callback_metrics)) or "none yet"
+                when = "" if self._checks_at_epoch_ends(trainer) else (
+                    " It is checked after each validation (the validation rhythm is not once per epoch); for a "
+                    "metric logged at the epoch's end, pass check_on_train_epoch_end=True.")
                 raise RuntimeError(
                     f"EarlyStopping(monitor={self.monitor!r}) found no such metric. Logged metrics: "
-                    f"{known}. Log it with self.log({self.monitor!r}, ...) or pass strict=False."
+                    f"{known}. Log it with self.log({self.monitor!r}, ...) or pass strict=False.{when}"
                 )
             return
         improved = (value < self.best - self.min_delta) if self.mode == "min" else (

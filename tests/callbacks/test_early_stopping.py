@@ -67,6 +67,16 @@ def test_patience_counts_validations_not_epoch_ends_without_one(quiet, rhythm, s
     assert trainer.global_step == stopped_at_step
 
 
+def test_a_training_epoch_metric_with_validation_inside_epochs_is_checked_at_epoch_ends_when_asked(quiet):
+    asked = kt.callbacks.EarlyStopping(monitor="train/loss_epoch", patience=100, check_on_train_epoch_end=True)
+    trainer = kt.Trainer(max_epochs=3, batch_size=32, val_check_interval=3, callbacks=[asked], **quiet)
+    trainer.fit(Classifier())
+    assert asked.best == min(trainer.history.history["train/loss_epoch"])
+    unasked = kt.callbacks.EarlyStopping(monitor="train/loss_epoch")
+    with pytest.raises(RuntimeError, match="checked after each validation .*check_on_train_epoch_end=True"):
+        kt.Trainer(max_epochs=1, batch_size=32, val_check_interval=3, callbacks=[unasked], **quiet).fit(Classifier())
+
+
 def test_missing_metric_is_an_error_naming_the_logged_ones(quiet):
     stopper = kt.callbacks.EarlyStopping(monitor="val/typo")
     with pytest.raises(RuntimeError, match=r"monitor='val/typo'.*found no such metric.*val/loss"):
