@@ -10,6 +10,8 @@ from typing import Any
 
 import keras
 
+from ktrainer.attribute_dict import AttributeDict
+
 __all__ = ["Module", "LogOptions"]
 
 
@@ -59,7 +61,7 @@ class Module:
         self.model: keras.Model | None = None
         self._built_model: keras.Model | None = None  # the model the Trainer's build() made, to tell it apart
         self.trainer = None
-        self.hparams: dict[str, Any] = {}
+        self.hparams: AttributeDict = AttributeDict()
         self._replica_local = threading.local()  # MirroredStrategy runs each replica's step in a thread of its own
         self._log_options: dict[str, LogOptions] = {}
         self._metric_objects: dict[str, dict[str, keras.metrics.Metric]] = {}

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.both_backends
 
 def test_save_hyperparameters_records_constructor_arguments():
     assert Regressor(lr=0.5).hparams == {"lr": 0.5, "features": 4, "optimizer": "sgd"}
+    assert Regressor(lr=0.5).hparams.lr == 0.5  # as Lightning users write it
 
     class Selected(kt.Module):
         def __init__(self, a=1, b=2):
