@@ -35,7 +35,10 @@ def save_checkpoint_at(trainer: Any, module: Any, filepath: str | os.PathLike,
         CheckpointError: When `filepath` holds a checkpoint of another run (never overwritten), a folder of
             checkpoints or of other files, or a file, or the write fails (nothing committed then).
     """
-    state = trainer.state_dict()  # first: refuses an unbuilt trainer before anything is written
+    if module is None or module.model is None or trainer.optimizer is None:
+        raise RuntimeError("save_checkpoint(path) needs a built model and optimizer: call it during fit (from a "
+                           "callback) or after fit.")
+    state = trainer.state_dict()
     directory, name = split_checkpoint_url(os.fspath(filepath), storage_options)
     if step_of(name) is not None:
         raise ValueError(f"save_checkpoint({os.fspath(filepath)!r}): names like {name!r} are a ModelCheckpoint's, "
@@ -66,9 +69,11 @@ def _refuse_what_is_not_this_runs(io: FsspecCheckpointIO, target: Any, name: str
                 f"{info.url} holds a checkpoint of another run (run {owner}, step {info.step}); ktrainer does not "
                 "overwrite it. Save to another path, or delete it first if it is no longer wanted.")
         return
+    if target.fs.isfile(target.path):
+        raise CheckpointError(f"{info.url} is a file; a checkpoint is a folder. Pass a new path (it need not exist).")
     held = [child for child in target.children() if not is_own_file(child)]
     if held:
         raise CheckpointError(
-            f"{info.url} is a folder holding {len(held)} entries that are not this checkpoint's (e.g. {held[0]!r}): "
-            "ktrainer writes a checkpoint only into a new or empty folder, or over a checkpoint of this run. "
-            "Pass a new path, e.g. a subfolder.")
+            f"{info.url} is a folder holding what is not this checkpoint's ({', '.join(map(repr, held[:3]))}"
+            f"{', ...' if len(held) > 3 else ''}): ktrainer writes a checkpoint only into a new or empty folder, "
+            "or over a checkpoint of this run. Pass a new path, e.g. a subfolder.")

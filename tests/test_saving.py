@@ -97,13 +97,16 @@ def test_a_path_that_is_not_a_new_or_own_checkpoint_is_refused_before_anything_i
     run.fit(Classifier())
     with pytest.raises(ValueError, match="names like 'step-00000099' are a ModelCheckpoint's"):
         run.save_checkpoint(tmp_path / "checkpoints" / "step-00000099")
-    with pytest.raises(CheckpointError, match="a folder holding 1 entries .*'step-00000008'.*Pass a new path"):
+    with pytest.raises(CheckpointError, match=r"a folder holding what is not this checkpoint's \('step-00000008'\)"):
         run.save_checkpoint(tmp_path / "checkpoints")
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "todo.txt").write_text("mine")
     with pytest.raises(CheckpointError, match="'todo.txt'"):
         run.save_checkpoint(tmp_path / "notes")
+    with pytest.raises(CheckpointError, match="todo.txt is a file; a checkpoint is a folder"):
+        run.save_checkpoint(tmp_path / "notes" / "todo.txt")
     assert sorted(os.listdir(tmp_path / "notes")) == ["todo.txt"]
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step-00000008"]
     with pytest.raises(TypeError):
         run.save_checkpoint(tmp_path / "x", {})  # storage_options is keyword-only (Lightning's 2nd is weights_only)
@@ -122,6 +125,6 @@ def test_saving_after_fit_with_moving_averages_in_the_weights_warns_it_will_not_
 
 
 def test_saving_before_anything_is_built_is_a_clear_error_and_writes_nothing(tmp_path):
-    with pytest.raises(RuntimeError, match="needs a built model and optimizer"):
+    with pytest.raises(RuntimeError, match=r"save_checkpoint\(path\) needs a built model and optimizer"):
         trainer(tmp_path, 1).save_checkpoint(tmp_path / "early")
     assert not (tmp_path / "early").exists()
