@@ -40,7 +40,8 @@ class ModelCheckpoint(Callback):
 
     When to save: every `every_n_train_steps` optimizer steps, every `every_n_epochs` epochs, every
     `train_time_interval` seconds, and at the end of fit with `save_last`. With none of the first
-    three given, every epoch.
+    three given, every epoch. With a `monitor` and `every_n_epochs`, also after each validation
+    inside those epochs (`val_check_interval`), ranked by what it measured, as in Lightning.
 
     What to keep, after each new checkpoint is committed: the newest `max_to_keep` by commit
     order; the best `save_top_k` by `monitor`; every `keep_every_n_steps`-th step; the newest; the
@@ -206,6 +207,13 @@ class ModelCheckpoint(Callback):
                 (trainer.current_epoch + 1) % self.every_n_epochs == 0):
             self.save(trainer, reason="epoch")
 
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        """With a monitor and an epoch trigger, save after a validation inside an epoch: its metric is fresh there
+        (an epoch-end validation is saved at the epoch's end, with the epoch's metrics)."""
+        if (self.monitor and self.every_n_epochs is not None and trainer.state.stage == "fit"
+                and not trainer.state.at_epoch_end and (trainer.current_epoch + 1) % self.every_n_epochs == 0):
+            self.save(trainer, reason="validation")
+
     def on_train_end(self, trainer: Any, module: Any) -> None:
         """Save the final state with `save_last` (before an optimizer's moving averages replace the weights:
         the checkpoint holds both, so a resume stays exact)."""
@@ -242,7 +250,8 @@ class ModelCheckpoint(Callback):
 
         Args:
             trainer: The Trainer.
-            reason: Why ("step", "epoch", "time", "last", "preemption", "manual"): recorded in the manifest.
+            reason: Why ("step", "epoch", "validation", "time", "last", "preemption", "manual"): recorded in
+                the manifest.
 
         Raises:
             CheckpointError: When this save fails synchronously, or the previous background save failed.

@@ -23,8 +23,8 @@ def names(folder):
     return sorted(n for n in os.listdir(folder) if n.startswith("step-"))
 
 
-def fit(tmp_path, checkpoint=None, module=None, **kwargs):
-    callbacks = [checkpoint] if checkpoint else []
+def fit(tmp_path, checkpoint=None, module=None, callbacks_first=(), **kwargs):
+    callbacks = [*callbacks_first, *([checkpoint] if checkpoint else [])]
     trainer = kt.Trainer(batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False, logger=False,
                          callbacks=callbacks, **kwargs)
     module = module or Classifier()
@@ -98,6 +98,32 @@ def test_after_fit_best_is_this_runs_best_not_a_better_one_of_an_earlier_run_in_
     assert later.best_model_path.endswith("step-00000004")
     assert find_checkpoint("best", trainer.checkpoint_dir, {}).info.url.endswith("step-00000024")  # by manifests
     assert trainer.validate(module, ckpt_path="best") == trainer.validate(module, ckpt_path=later.best_model_path)
+
+
+class ValidationLosses(kt.callbacks.Callback):
+    def __init__(self):
+        self.at = {}
+
+    def on_validation_end(self, trainer, module):
+        self.at[trainer.global_step] = trainer.callback_metrics["val/loss"]
+
+
+def test_with_a_monitor_validations_inside_epochs_are_saved_ranked_by_what_they_measured(tmp_path):
+    checkpoint = kt.callbacks.ModelCheckpoint(monitor="val/loss", max_to_keep=None)
+    losses = ValidationLosses()
+    fit(tmp_path, checkpoint, max_epochs=2, val_check_interval=4, callbacks_first=[losses])
+    saved = {info.step: info.fields for info in checkpoint.io.list()}
+    assert sorted(saved) == [4, 8, 12, 16] and sorted(losses.at) == [4, 8, 12, 16]
+    assert {step: fields["metrics"]["val/loss"] for step, fields in saved.items()} == losses.at
+    assert [saved[step]["reason"] for step in (4, 8)] == ["validation", "epoch"]
+    best = min(losses.at, key=losses.at.get)
+    assert checkpoint.best_model_path.endswith(f"step-{best:08d}")
+    resumed = ValidationLosses()
+    kt.Trainer(max_epochs=2, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False, logger=False,
+               val_check_interval=4, callbacks=[resumed, kt.callbacks.ModelCheckpoint(monitor="val/loss",
+                                                                                       max_to_keep=None)]).fit(
+        Classifier(), ckpt_path=str(tmp_path / "checkpoints" / "step-00000004"))
+    assert sorted(resumed.at) == [8, 12, 16]  # saved after its validation: not validated again
 
 
 def test_last_falls_back_over_a_corrupt_newest_checkpoint_with_a_warning(tmp_path):
