@@ -30,14 +30,11 @@ def save_checkpoint_at(trainer: Any, module: Any, filepath: str | os.PathLike,
         Its URL; None outside the chief process.
 
     Raises:
-        RuntimeError: Before the model and optimizer are built.
+        RuntimeError: Before the model and optimizer are built (`Trainer.save_checkpoint` says so first).
         ValueError: For a name a ModelCheckpoint uses (`step-...`: its retention would own it).
         CheckpointError: When `filepath` holds a checkpoint of another run (never overwritten), a folder of
             checkpoints or of other files, or a file, or the write fails (nothing committed then).
     """
-    if module is None or module.model is None or trainer.optimizer is None:
-        raise RuntimeError("save_checkpoint(path) needs a built model and optimizer: call it during fit (from a "
-                           "callback) or after fit.")
     state = trainer.state_dict()
     directory, name = split_checkpoint_url(os.fspath(filepath), storage_options)
     if step_of(name) is not None:

@@ -306,11 +306,15 @@ class Trainer:
         Raises:
             RuntimeError: Before the model and optimizer are built (inside fit).
         """
+        self._require_built("Trainer.state_dict()")
+        return trainer_state_dict(self, self._module, self._train_step)
+
+    def _require_built(self, call: str) -> None:
+        """Refuse `call` before fit built the model, its optimizer and the training step (a state to save)."""
         module = self._module
         if module is None or module.model is None or self.optimizer is None or self._train_step is None:
-            raise RuntimeError("Trainer.state_dict() needs a built model and optimizer: call it during fit "
-                               "(e.g. from a callback).")
-        return trainer_state_dict(self, module, self._train_step)
+            raise RuntimeError(f"{call} needs a built model and optimizer: call it during fit (e.g. from a "
+                               "callback) or after fit.")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from what `state_dict()` returned (a checkpoint's state): everything, or nothing.
@@ -353,6 +357,7 @@ class Trainer:
         options = self.storage_options if storage_options is None else check_storage_options(
             "storage_options", storage_options)
         path = check_path("filepath", filepath)
+        self._require_built("save_checkpoint(path)")
         saved = save_checkpoint_at(self, self._module, path, options)
         return [] if saved is None else [saved]
 

@@ -68,6 +68,7 @@ class KerasCallback(Callback):
 
     def __init__(self, callback: keras.callbacks.Callback) -> None:
         self.callback = callback
+        self._settings = constructor_arguments(callback)  # never saved: the resuming script gives them
         self._epoch_logs: dict[str, float] = {}
         self._resumed: dict[str, Any] | None = None  # what a checkpoint gave back, until on_train_begin has run
 
@@ -164,15 +165,14 @@ class KerasCallback(Callback):
         lists of arrays: what it counts and keeps (ReduceLROnPlateau's `wait`, `best`, `cooldown_counter`;
         EarlyStopping's, and its `best_weights`), so a resumed run continues its schedule, while its settings
         are the ones the resuming script gives."""
-        settings = constructor_arguments(self.callback)
         return {name: value for name, value in vars(self.callback).items()
-                if (isinstance(value, bool | int | float | str) or _is_arrays(value)) and name not in settings
+                if (isinstance(value, bool | int | float | str) or _is_arrays(value)) and name not in self._settings
                 and name != "_chief_worker_only"}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Put back the attributes `state_dict` saved (and again after `on_train_begin` resets them)."""
-        settings = constructor_arguments(self.callback)  # a checkpoint of an earlier version saved them too
-        self._resumed = {name: value for name, value in state.items() if name not in settings}
+        # a checkpoint of an earlier version saved the settings too
+        self._resumed = {name: value for name, value in state.items() if name not in self._settings}
         self._put_back(self._resumed)
 
     def _put_back(self, state: dict[str, Any]) -> None:

@@ -269,20 +269,20 @@ class ModelCheckpoint(Callback):
         position = trainer.progress.state_dict()
         if position == self._last_saved_position:
             return
-        step = trainer.global_step
-        self._saves += 1
-        run = trainer.run
-        save_id = f"{run.run_id}-{self._saves}"
+        step, name = trainer.global_step, checkpoint_name(trainer.global_step)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if math.isfinite(v)}
         before = (self._last_saved_step, self._last_saved_position, self.best_value, self.best_model_path)
         self._last_saved_step, self._last_time, self._last_saved_position = step, time.monotonic(), position
         new_best = self._note_metric(metrics)
-        url = f"{self.io.url}/{checkpoint_name(step)}"
+        url = f"{self.io.url}/{name}"
         if new_best and (self.save_top_k >= 1 or self.max_to_keep is None):  # retention keeps it
             self.best_model_path = url  # before the state is taken: the checkpoint names itself
         if not chief:  # the chief writes; every process knows what it wrote (the metrics are the same on all)
             self.last_saved = url
             return
+        self._saves += 1
+        run = trainer.run
+        save_id = f"{run.run_id}-{self._saves}"
         state = trainer.state_dict()  # after the updates above: the checkpoint's own state knows itself
         if self.async_save:
             state = freeze(state, read_value)  # what the loop waits for; the writing happens in the background
@@ -292,7 +292,7 @@ class ModelCheckpoint(Callback):
             self._export("best")  # in this thread: it reads the live model
         self._unsaved = before  # put back if this save fails: a failed save must not count as done
         try:
-            self.io.write(checkpoint_name(step), files, fields, on_commit=self._committed,
+            self.io.write(name, files, fields, on_commit=self._committed,
                           not_before=self._commit_floor)
         except CheckpointError:
             self._forget_failed_save()
