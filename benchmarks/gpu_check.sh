@@ -5,13 +5,16 @@
 #   bash benchmarks/gpu_check.sh [WHEELS_DIR] [-- gpu_check.py options]
 #   bash benchmarks/gpu_check.sh --help
 #
-# Installs the carried cp312 wheels of keras, optree and namex from WHEELS_DIR (default: wheels/) and ktrainer
-# itself (editable, without dependencies) into the current Python, then runs benchmarks/gpu_check.py. Elsewhere,
-# run it in a virtual environment; on a CPU (JAX_PLATFORMS=cpu) add `-- --tiny` (about 15 s).
+# Installs the cp312 wheels in WHEELS_DIR (default: .whl/; keras, optree, namex, google-crc32c) into a private
+# folder without touching the Python's own packages, runs ktrainer from this source tree, and runs
+# benchmarks/gpu_check.py with $PYTHON (default python3). Fetch the wheels where there is a network with:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl keras optree namex google-crc32c
+# On a CPU (JAX_PLATFORMS=cpu), with wheels for that Python, add `-- --tiny` (about 15 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-usage() { sed -n '2,10p' benchmarks/gpu_check.sh | sed 's/^# \{0,1\}//'; }
-wheels=wheels
+usage() { sed -n '2,13p' benchmarks/gpu_check.sh | sed 's/^# \{0,1\}//'; }
+wheels=.whl
 case "${1:-}" in
     -h | --help) usage; exit 0 ;;
     --) shift ;;
@@ -19,9 +22,14 @@ case "${1:-}" in
     -*) echo "gpu_check.sh: unknown option $1 (options of gpu_check.py go after --)" >&2; usage >&2; exit 2 ;;
     *) wheels="$1"; shift; if [ "${1:-}" = "--" ]; then shift; fi ;;
 esac
-if [ -d "$wheels" ]; then
-    pip install --no-index --no-deps "$wheels"/*.whl
+python="${PYTHON:-python3}"
+site="$(mktemp -d -t ktrainer-gpu-check-site-XXXXXX)"
+trap 'rm -rf "$site"' EXIT
+if compgen -G "$wheels/*.whl" >/dev/null; then
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$wheels"/*.whl
+else
+    echo "gpu_check.sh: no wheels in $wheels; using the packages $python already has" >&2
 fi
-pip install --no-deps --no-build-isolation -e . >/dev/null 2>&1 || pip install --no-deps -e .
-export KERAS_BACKEND=jax
-python benchmarks/gpu_check.py "$@"
+export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" KERAS_BACKEND=jax PYTHONUNBUFFERED=1
+"$python" -c 'import jax, keras, ktrainer; print("ktrainer", ktrainer.__file__, "keras", keras.__version__, "jax", jax.__version__)'
+"$python" benchmarks/gpu_check.py "$@"
