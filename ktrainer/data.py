@@ -196,8 +196,11 @@ class BatchSource:
     def numpy_batches(self, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Iterator[Any]:
         """The global batches of one epoch as numpy arrays, without the first `skip_batches` (as `epoch()`)."""
         if self._arrays is not None:
-            arrays = keras.tree.map_structure(lambda a: a[self._order(epoch, skip_batches, seed)], self._arrays)
-            return _slices(arrays, self.global_batch_size, self.drop_remainder)
+            if not self.shuffle:
+                return _slices(self._arrays, self.global_batch_size, self.drop_remainder,
+                               skip_batches * self.global_batch_size)
+            return _gathered(self._arrays, self._order(epoch, skip_batches, seed), self.global_batch_size,
+                             self.drop_remainder)
         if self._dataset is not None:
             batches = self._dataset.as_numpy_iterator()
         else:
@@ -274,11 +277,21 @@ def _is_iterable_of_batches(data: Any) -> bool:
     return hasattr(data, "__iter__")
 
 
-def _slices(arrays: Any, size: int, drop_remainder: bool) -> Iterator[Any]:
+def _slices(arrays: Any, size: int, drop_remainder: bool, first: int = 0) -> Iterator[Any]:
+    """Batches of `size` rows from row `first` on: views of the arrays, nothing copied."""
     total = first_dim(arrays)
-    end = total - total % size if drop_remainder else total
-    for start in range(0, end, size):
+    end = first + (total - first) // size * size if drop_remainder else total
+    for start in range(first, end, size):
         yield keras.tree.map_structure(lambda a, start=start: a[start:start + size], arrays)
+
+
+def _gathered(arrays: Any, order: np.ndarray, size: int, drop_remainder: bool) -> Iterator[Any]:
+    """Batches of the rows `order` names, each gathered when it is read: an epoch never holds a second copy
+    of the data, and the copying is spread over the epoch, where the JAX engine reads ahead of the device."""
+    end = len(order) - len(order) % size if drop_remainder else len(order)
+    for start in range(0, end, size):
+        rows = order[start:start + size]
+        yield keras.tree.map_structure(lambda a, rows=rows: a[rows], arrays)
 
 
 def _rebatch(batches: Iterator[Any], size: int, drop_remainder: bool) -> Iterator[Any]:

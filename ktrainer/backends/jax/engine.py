@@ -21,13 +21,15 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ktrainer.backends.engine import Engine, Runner
+from ktrainer.backends.jax.flops import matmul_flops
+from ktrainer.backends.jax.read_ahead import ReadAhead
 from ktrainer.backends.jax.train_step import JaxTrainStep, current_values, stateless_values, tracing_scope
 from ktrainer.hooks import call_step_hook, traced_batch_index
 from ktrainer.metrics import metric_objects
 from ktrainer.precision.advice import Accelerators
 from ktrainer.step_outputs import STOP, EvalStep
 
-__all__ = ["JaxEngine", "compute_capability", "flops_of", "shape_spec", "to_host"]
+__all__ = ["JaxEngine", "compute_capability", "shape_spec", "to_host"]
 
 
 def shape_spec(batch: Any) -> Any:
@@ -68,6 +70,10 @@ class JaxEngine(Engine):
         """Devices of every process."""
         return len(self.plan.jax_devices())
 
+    @functools.cached_property
+    def _one_device(self) -> Any:
+        return self.plan.jax_devices()[0]
+
     def strategy_name(self) -> str:
         """"data_parallel" (keras.distribution.DataParallel) or "one_device"."""
         return self.plan.strategy
@@ -100,8 +106,10 @@ class JaxEngine(Engine):
 
     def place(self, batch: Any, *, stacked: bool = False) -> Any:
         """Put a global batch (or N stacked ones) on the mesh, split along the batch when it divides evenly."""
-        if self.replicas == 1:  # one device: the jitted call takes numpy as it is (its fastest path)
-            return batch
+        if self.replicas == 1:
+            # A CPU takes numpy as it is (its fastest path); an accelerator gets the copy now, so that a batch
+            # read ahead is on it before its call.
+            return batch if self._one_device.platform == "cpu" else jax.device_put(batch, self._one_device)
         processes, index = jax.process_count(), jax.process_index()
         size = keras.tree.flatten(batch)[0].shape[1 if stacked else 0]
         sharding, even = self._batch_sharding(size, stacked)
@@ -164,17 +172,13 @@ class JaxEngine(Engine):
                 for index, batch in enumerate(source.numpy_batches(0))]
 
     def training_flops(self, module: Any, global_batch_size: int) -> float | None:
-        """FLOPs of the training step, from XLA's cost analysis of the lowered step.
-
-        The lowered module is analysed without compiling it (a second compile of a large step costs
-        seconds to minutes); only where that gives nothing is it compiled and the executable asked.
-        """
+        """FLOPs of the training step over a global batch: its matrix products and convolutions, counted from
+        the step's jaxpr (flops.py says why not from XLA's cost analysis); None before a step exists."""
         step = self._step
         if step is None or step.batch_spec is None:
             return None
         big, small = step.read_state()
-        lowered = jax.jit(step).lower(big, small, self.place_spec(step.batch_spec), jnp.int32(0))
-        return flops_of(lowered.cost_analysis()) or flops_of(lowered.compile().cost_analysis())
+        return matmul_flops(step, big, small, self.place_spec(step.batch_spec), jnp.int32(0)) or None
 
     def peak_memory(self) -> tuple[int | None, str]:
         """The first GPU's allocator peak since the process started (JAX cannot reset it: a run measured alone
@@ -215,7 +219,8 @@ class JaxEngine(Engine):
 
 
 class _TrainRunner(Runner):
-    """The training step, jitted with the state donated: one batch per call, or N under `lax.scan`."""
+    """The training step, jitted with the state donated: one batch per call, or N under `lax.scan`. While the
+    device runs a call, the next call's batches are read and placed (read_ahead.py)."""
 
     def __init__(self, engine: JaxEngine, step: JaxTrainStep, keys: list[str]) -> None:
         self.engine = engine
@@ -223,6 +228,7 @@ class _TrainRunner(Runner):
         self.keys = keys
         self._single = jax.jit(step, donate_argnums=0)
         self._scanned = jax.jit(self._scan, donate_argnums=0)
+        self._ahead = ReadAhead(self._prepare)
 
     def _scan(self, big: tuple, small: tuple, batches: Any, first_index: Any) -> tuple[tuple, tuple, Any]:
         def body(carry: tuple, inputs: tuple) -> tuple[tuple, Any]:
@@ -234,26 +240,32 @@ class _TrainRunner(Runner):
         (big, small), vectors = jax.lax.scan(body, (big, small), (batches, first_index + jnp.arange(count)))
         return big, small, vectors
 
-    def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0) -> dict[str, np.ndarray]:
-        """Run up to `num_steps` batches; returns every step's values."""
-        batches = [batch for _, batch in zip(range(num_steps), iterator, strict=False)]
-        if not batches:
-            return {key: np.zeros((0,), np.float32) for key in self.keys}
-        big, small = self.step.read_state()
+    def _prepare(self, batches: list[Any]) -> tuple[bool, Any]:
+        """(scanned, placed): N batches of one shape stacked for the scan, else each on its own."""
         shapes = {tuple(np.shape(a) for a in keras.tree.flatten(b)) for b in batches}
         if len(batches) > 1 and len(shapes) == 1:
             stacked = keras.tree.map_structure(lambda *parts: np.stack(parts), *batches)
-            big, small, vectors = self._scanned(big, small, self.engine.place(stacked, stacked=True),
-                                                np.int32(first_index))
-            values = to_host(vectors)
+            return True, self.engine.place(stacked, stacked=True)
+        return False, [self.engine.place(batch) for batch in batches]
+
+    def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0) -> dict[str, np.ndarray]:
+        """Run up to `num_steps` batches; returns every step's values."""
+        batches, prepared = self._ahead.take(iterator, num_steps)
+        if not batches:
+            return {key: np.zeros((0,), np.float32) for key in self.keys}
+        scanned, placed = prepared
+        big, small = self.step.read_state()
+        if scanned:
+            big, small, vectors = self._scanned(big, small, placed, np.int32(first_index))
         else:
-            rows = []
-            for offset, batch in enumerate(batches):
-                big, small, vector = self._single(big, small, self.engine.place(batch), np.int32(first_index + offset))
-                rows.append(vector)
-            values = np.stack([to_host(row) for row in rows])  # on the host: no extra dispatch
+            vectors = []
+            for offset, batch in enumerate(placed):
+                big, small, vector = self._single(big, small, batch, np.int32(first_index + offset))
+                vectors.append(vector)
         self.step.big = big
         self.step.write_small(small)
+        self._ahead.read(iterator, num_steps)  # the host's work for the next call, while the device runs this one
+        values = to_host(vectors) if scanned else np.stack([to_host(row) for row in vectors])  # no extra dispatch
         outputs = dict(zip(self.step.keys, values.T, strict=True))
         if self.engine.multi_process:
             outputs[STOP] = self._agreed_stop(len(batches))
@@ -320,11 +332,3 @@ def compute_capability(device: Any) -> tuple[int, int]:
         return int(major), int(minor)
     except ValueError:
         return 0, 0
-
-
-def flops_of(analysis: Any) -> float | None:
-    """The "flops" entry of a JAX cost analysis (a dict, or a list of one per device), when positive."""
-    if isinstance(analysis, list | tuple):
-        analysis = analysis[0] if analysis else {}
-    flops = (analysis or {}).get("flops")
-    return float(flops) if flops and flops > 0 else None

@@ -1,6 +1,6 @@
 """The JAX engine's own parts: one device takes numpy as it is; several split a global batch along its rows (stacked
 batches along their second axis), or hold it whole on every device when it does not divide evenly, so every result
-is exact without padding; what it reports of the machine; the FLOPs read from a cost analysis.
+is exact without padding; what it reports of the machine.
 
 Runs in the JAX session (4 virtual CPU devices); the engine's training and evaluation are test_jax_engine.py's.
 """
@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import PartitionSpec
 
 from ktrainer.backends.jax.devices import plan_devices
-from ktrainer.backends.jax.engine import JaxEngine, compute_capability, flops_of, shape_spec, to_host
+from ktrainer.backends.jax.engine import JaxEngine, compute_capability, shape_spec, to_host
 
 pytestmark = pytest.mark.jax_only
 
@@ -95,14 +95,6 @@ def test_tf32_is_reported_as_jax_configures_matmul_precision():
         assert one.tf32_enabled()
     finally:
         jax.config.update("jax_default_matmul_precision", before)
-
-
-@pytest.mark.parametrize(("analysis", "flops"), [
-    ({"flops": 1.5e9}, 1.5e9), ([{"flops": 2.0e6}, {"flops": 2.0e6}], 2.0e6), ([], None), (None, None),
-    ({"flops": 0.0}, None), ({"flops": -1.0}, None), ({"bytes accessed": 10.0}, None),
-])
-def test_flops_are_read_from_a_cost_analysis_when_it_has_a_positive_count(analysis, flops):
-    assert flops_of(analysis) == flops
 
 
 @pytest.mark.parametrize(("capability", "parsed"), [("9.0", (9, 0)), ("8.6", (8, 6)), (None, (0, 0)), ("", (0, 0))])
