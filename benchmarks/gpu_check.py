@@ -106,14 +106,15 @@ def fit_rate(data, args, policy: str, spe: int) -> float:
 
 
 class TimedCheckpoint(kt.callbacks.ModelCheckpoint):
-    """A ModelCheckpoint that times how long each save blocks the loop, and the wait for the background write."""
+    """A ModelCheckpoint that times how long its saves block the loop (taking the snapshot), apart from the
+    waits for a background write (a save waits for the previous one; the fit's end waits for the last)."""
 
     blocking = waiting = 0.0
 
     def save(self, trainer, reason="manual"):
-        start = time.perf_counter()
+        start, waited = time.perf_counter(), self.waiting
         super().save(trainer, reason)
-        self.blocking += time.perf_counter() - start
+        self.blocking += time.perf_counter() - start - (self.waiting - waited)
 
     def wait(self):
         start = time.perf_counter()
@@ -122,7 +123,8 @@ class TimedCheckpoint(kt.callbacks.ModelCheckpoint):
 
 
 def checkpoint_check(args, root: str) -> dict:
-    """Save a state of about `--checkpoint-gb` GB locally (async: the blocking part), then restore it."""
+    """Save a state of about `checkpoint_gb` GB locally with `async_save` (what blocks the loop, and the whole save
+    to its commit), then restore it into a new model."""
     width = int((args.checkpoint_gb * 2**30 / 4 / 3) ** 0.5) // 8 * 8  # kernel + two Adam slots, float32
     module = MLP(width, width, 1)
     x = np.random.default_rng(0).normal(size=(args.batch, width)).astype("float32")

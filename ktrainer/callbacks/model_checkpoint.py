@@ -18,7 +18,7 @@ from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
 from ktrainer.checkpoint.payload import checkpoint_payload
 from ktrainer.checkpoint.retention import Entry, Retention, to_delete
 from ktrainer.checkpoint.snapshot import freeze
-from ktrainer.checkpoint.variables import read_value
+from ktrainer.checkpoint.variables import read_value, start_host_copies
 from ktrainer.checks import check_bool, check_choice, check_int, check_path, check_storage_options
 from ktrainer.compat.keras_internals import tensorflow_left_alone
 from ktrainer.fs import Location
@@ -285,7 +285,8 @@ class ModelCheckpoint(Callback):
         save_id = f"{run.run_id}-{self._saves}"
         state = trainer.state_dict()  # after the updates above: the checkpoint's own state knows itself
         if self.async_save:
-            state = freeze(state, read_value)  # what the loop waits for; the writing happens in the background
+            state = freeze(start_host_copies(state), read_value)  # what the loop waits for; the writing happens
+            # in the background
         files, fields = checkpoint_payload(state, self._module.model, run, save_id, {
             "metrics": metrics, "monitor": self.monitor, "mode": self.mode, "owner": self.state_key, "reason": reason})
         if self.export_keras and new_best:

@@ -14,7 +14,7 @@ from typing import Any
 import keras
 
 from ktrainer.checkpoint.snapshot import to_files
-from ktrainer.checkpoint.variables import read_value
+from ktrainer.checkpoint.variables import read_value, start_host_copies
 from ktrainer.compat.keras_internals import tensorflow_left_alone
 from ktrainer.run import MAX_LINEAGE
 
@@ -36,8 +36,8 @@ def checkpoint_payload(state: dict[str, Any], model: keras.Model, run: Any, save
         (file name -> bytes or FileSource, the manifest's fields).
     """
     config = _model_config(model)
-    files = to_files(state, save_id, extra_json={"model_config": config} if config is not None else None,
-                     read=read_value)
+    extra = {"model_config": config} if config is not None else None
+    files = to_files(start_host_copies(state), save_id, extra_json=extra, read=read_value)
     progress = state["progress"]
     common = {"step": progress["global_step"], "epoch": progress["epoch"], "batch_in_epoch": progress["batch_in_epoch"],
               "run_id": run.run_id, "parent": run.parent, "lineage": run.lineage[-MAX_LINEAGE:], "save_id": save_id,

@@ -9,7 +9,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-__all__ = ["keyed", "read_value", "mismatches", "assign_all", "refuse_mismatches"]
+__all__ = ["keyed", "read_value", "start_host_copies", "mismatches", "assign_all", "refuse_mismatches"]
 
 
 def keyed(variables: Sequence[Any]) -> dict[str, Any]:
@@ -22,12 +22,18 @@ def read_value(variable: Any) -> np.ndarray:
 
     On TensorFlow this is zero-copy: the array views the buffer of a read of the variable, and
     the runtime copies that buffer on the next write to the variable while the view lives
-    (copy-on-write), so a snapshot costs nothing until the variable changes. Elsewhere a copy.
+    (copy-on-write), so a snapshot costs nothing until the variable changes. On JAX, an array on
+    an accelerator is read with its one copy to the host (a JAX array never changes; start the
+    copies of a whole state first with `start_host_copies`); elsewhere a copy.
     """
     read = getattr(variable, "read_value", None)  # a TensorFlow variable
     if read is None:
         read = getattr(getattr(variable, "value", None), "read_value", None)  # a Keras variable on TensorFlow
     if read is None:
+        device_array = _on_accelerator(variable)
+        if device_array is not None:  # a JAX array never changes: its copy to the host is the snapshot
+            return np.asarray(device_array)
+        # On a CPU the read is a view of the array's own buffer, which a donated step may reuse: copied.
         return np.array(np.asarray(variable), copy=True)
     tensor = read()
     if "CPU" not in getattr(tensor, "device", "CPU"):
@@ -44,6 +50,34 @@ def read_value(variable: Any) -> np.ndarray:
     except (RuntimeError, TypeError, BufferError, ValueError):
         pass
     return tensor.numpy()
+
+
+def start_host_copies(state: Any) -> Any:
+    """Start the copy to the host of every JAX array on an accelerator in `state` (variables, arrays, in dicts and
+    lists), so that the reads of a snapshot overlap their transfers instead of waiting for each in turn.
+
+    Returns:
+        `state` itself.
+    """
+    if isinstance(state, dict):
+        for value in state.values():
+            start_host_copies(value)
+    elif isinstance(state, list | tuple):
+        for value in state:
+            start_host_copies(value)
+    else:
+        device_array = _on_accelerator(state)
+        if device_array is not None:
+            device_array.copy_to_host_async()
+    return state
+
+
+def _on_accelerator(value: Any) -> Any:
+    """The JAX array behind `value` (a Keras variable or the array) when it lives on an accelerator; else None."""
+    array = getattr(value, "value", value)
+    if not callable(getattr(array, "copy_to_host_async", None)) or not getattr(array, "is_fully_addressable", False):
+        return None
+    return None if any(device.platform == "cpu" for device in array.devices()) else array
 
 
 def _structural(key: str) -> str:
