@@ -22,6 +22,7 @@ import tempfile
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 
 os.environ["KERAS_BACKEND"] = "jax"
 
@@ -68,7 +69,8 @@ class Clock(kt.callbacks.Callback):
         self.epoch_times.append(time.perf_counter() - self._start)
 
 
-def steps_per_epoch(data, args) -> int:
+def steps_per_epoch(data: tuple, args: argparse.Namespace) -> int:
+    """Batches in one epoch of `data`."""
     return len(data[0]) // args.batch
 
 
@@ -151,11 +153,15 @@ def checkpoint_check(args, root: str) -> dict:
 
 
 def resume_check(data, args, root: str) -> dict:
-    """Exact resume on this device (32-true): two straight runs (is the device deterministic?) and a run
-    stopped at step 5 and resumed; max |difference| of the weights against the first straight run."""
-    def run(where, max_steps, ckpt=None):
+    """Exact resume on this device (32-true), max |difference| of the weights against a straight 12-step run:
+    - a second straight run (is the device deterministic for this step?);
+    - a run stopped at step 5 and resumed;
+    - a resume from an async save at step 5 of a run that went on to step 12 (the snapshot must not see
+      the donated updates of steps 6-12)."""
+
+    def run(where, max_steps, ckpt=None, callbacks=()):
         trainer = kt.Trainer(max_steps=max_steps, batch_size=args.batch, seed=0, default_root_dir=where,
-                             logger=False, enable_progress_bar=False)
+                             logger=False, enable_progress_bar=False, callbacks=list(callbacks))
         module = MLP(args.features, args.resume_width, 2)
         trainer.fit(module, data, ckpt_path=ckpt)
         return module.model.get_weights()
@@ -167,8 +173,11 @@ def resume_check(data, args, root: str) -> dict:
     again = run(f"{root}/again", 12)
     run(f"{root}/legs", 5)
     resumed = run(f"{root}/legs", 12, "last")
+    run(f"{root}/async", 12, callbacks=[kt.callbacks.ModelCheckpoint(every_n_train_steps=5, async_save=True)])
+    from_async = run(f"{root}/async-resumed", 12, f"{root}/async/checkpoints/step-00000005")
     return {"straight_runs_max_difference": difference(straight, again),
-            "resume_max_difference": difference(straight, resumed)}
+            "resume_max_difference": difference(straight, resumed),
+            "async_snapshot_resume_max_difference": difference(straight, from_async)}
 
 
 SIZES = {  # features, width, depth, batch, steps per epoch, epochs, steps_per_execution, checkpoint GB, resume width
@@ -180,11 +189,12 @@ SIZES = {  # features, width, depth, batch, steps per epoch, epochs, steps_per_e
 class Sections:
     """Runs each measurement on its own, so that one failure still leaves the others' figures."""
 
-    def __init__(self, summary: dict, budget_s: float):
-        self.summary, self.errors = summary, []
+    def __init__(self, budget_s: float):
+        self.errors: list[str] = []
         self.deadline = time.perf_counter() + budget_s
 
-    def run(self, name: str, measure, optional: bool = False) -> None:
+    def run(self, name: str, measure: Callable[[], None], optional: bool = False) -> None:
+        """Run `measure`, printing its traceback if it fails; an optional one is skipped past the time budget."""
         if optional and time.perf_counter() > self.deadline:
             print(f"{name}: skipped, past the time budget", flush=True)
             return
@@ -214,7 +224,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="ktrainer-gpu-check-")
     summary: dict = {"features": args.features, "width": args.width, "depth": args.depth, "batch": args.batch,
                      "steps_per_epoch": steps, "epochs": args.epochs, "steps_per_execution": args.spe}
-    sections = Sections(summary, args.budget)
+    sections = Sections(args.budget)
 
     def precision_rate(precision: str, spe: int) -> None:
         rate, mfu = trainer_rate(data, args, precision, spe, f"{root}/{precision}-{spe}")
@@ -231,8 +241,9 @@ def main() -> None:
 
     def resume() -> None:
         summary.update(resume_check(data, args, f"{root}/resume"))
-        print(f"exact resume (32-true): max |difference| {summary['resume_max_difference']} "
-              f"(two straight runs: {summary['straight_runs_max_difference']})", flush=True)
+        print(f"exact resume (32-true): max |difference| {summary['resume_max_difference']}, from a mid-run async "
+              f"save {summary['async_snapshot_resume_max_difference']} (two straight runs: "
+              f"{summary['straight_runs_max_difference']})", flush=True)
 
     def checkpoint() -> None:
         summary.update(checkpoint_check(args, f"{root}/checkpoint"))
@@ -262,7 +273,8 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     summary["errors"] = sections.errors
     print(json.dumps(summary))
-    exact = summary.get("resume_max_difference") == 0.0 and summary.get("restored_weights_equal") is True
+    exact = (summary.get("resume_max_difference") == 0.0 and summary.get("async_snapshot_resume_max_difference") == 0.0
+             and summary.get("restored_weights_equal") is True)
     sys.exit(0 if exact and not sections.errors else 1)
 
 

@@ -124,7 +124,8 @@ class FitLoop:
             self._call("on_train_batch_start", progress.batch_in_epoch)
             if trainer.engine.multi_process and self.signals.received is not None:
                 trainer.engine.request_stop(self.train_step)  # every process learns it from this execution's all-reduce
-            outputs = self.train_runner.run(iterator, num_steps, progress.batch_in_epoch)
+            outputs = self.train_runner.run(iterator, num_steps, progress.batch_in_epoch,
+                                            ahead=trainer.schedule.batches_after(progress, num_steps))
             ran = len(outputs[APPLIED])
             if ran == 0:
                 if progress.batch_in_epoch == 0:

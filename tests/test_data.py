@@ -40,6 +40,29 @@ def test_skipping_consumed_batches_continues_the_same_order():
     np.testing.assert_array_equal(rest, whole[12:])
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_remainder", [True, False])
+@pytest.mark.parametrize(("epoch", "skip"), [(0, 0), (2, 3)])
+def test_both_engines_get_the_same_batches_of_numpy_data(shuffle, drop_remainder, epoch, skip):
+    x = np.arange(46, dtype=np.float32)
+    source = BatchSource((x, x * 2), 4, shuffle=shuffle, drop_remainder=drop_remainder)
+    fed_to_tensorflow = _batches(source, epoch, skip, seed=7)
+    fed_to_jax = list(source.numpy_batches(epoch, skip, seed=7))
+    assert len(fed_to_jax) == len(fed_to_tensorflow)
+    for jax_batch, tf_batch in zip(fed_to_jax, fed_to_tensorflow, strict=True):
+        np.testing.assert_array_equal(jax_batch[0], tf_batch[0])
+        np.testing.assert_array_equal(jax_batch[1], tf_batch[1])
+
+
+def test_unshuffled_numpy_batches_are_views_and_shuffled_ones_copy_only_their_rows():
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+    in_order = list(BatchSource(x, 4).numpy_batches(0, skip_batches=1))
+    assert len(in_order) == 4 and all(np.shares_memory(batch, x) for batch in in_order)
+    np.testing.assert_array_equal(in_order[0], x[4:8])
+    shuffled = list(BatchSource(x, 4, shuffle=True).numpy_batches(0))
+    assert [batch.shape for batch in shuffled] == [(4, 2)] * 5 and not any(np.shares_memory(b, x) for b in shuffled)
+
+
 def test_tf_data_is_rebatched_to_the_global_batch_in_order():
     dataset = tf.data.Dataset.range(10).batch(3)
     source = BatchSource(dataset, 4)

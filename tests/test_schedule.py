@@ -31,6 +31,20 @@ def test_an_execution_ends_at_the_epoch_end_and_at_max_steps():
     assert schedule.batches_in_next_execution(at(step=10, epoch=1, batch=2)) == 0
 
 
+def test_what_the_next_call_may_take_is_nothing_after_the_epochs_last_call_or_at_max_steps():
+    schedule = Schedule(max_epochs=None, max_steps=10, batches_per_epoch=8, steps_per_execution=5)
+    assert schedule.batches_after(at(batch=0), 5) == 3  # the epoch ends after batch 8
+    assert schedule.batches_after(at(step=5, batch=5), 3) == 0  # that call ends the epoch
+    assert schedule.batches_after(at(step=8, epoch=1, batch=0), 2) == 0  # that call reaches max_steps=10
+    endless = Schedule(max_epochs=None, max_steps=None, batches_per_epoch=None, steps_per_execution=4)
+    assert endless.batches_after(at(step=100, batch=100), 4) == 4
+    grouped = Schedule(max_epochs=None, max_steps=3, batches_per_epoch=None, steps_per_execution=16,
+                       accumulate_grad_batches=4)
+    assert grouped.batches_after(at(), 4) == 8  # two more groups of 4
+    assert grouped.batches_after(at(), 12) == 0
+    assert grouped.batches_after(at(step=2, batch=9), 3) == 0  # that call finishes step 3's group
+
+
 def test_with_accumulation_max_steps_counts_groups_and_a_partial_group_is_finished():
     schedule = Schedule(max_epochs=None, max_steps=3, batches_per_epoch=None, steps_per_execution=16,
                         accumulate_grad_batches=4)

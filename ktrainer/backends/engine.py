@@ -19,9 +19,10 @@ class Runner:
     iterator was already exhausted), so logging stays per step whatever N is.
     """
 
-    def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0) -> dict[str, Any]:
+    def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0, *, ahead: int = 0) -> dict[str, Any]:
         """Run up to `num_steps` batches from `iterator` (fewer when it ends); `first_index` is the first
-        batch's index in its epoch (the hooks' `batch_idx`)."""
+        batch's index in its epoch (the hooks' `batch_idx`); `ahead`: the most batches the next call may
+        take, which a runner may read while this one runs (0: none)."""
         raise NotImplementedError
 
 

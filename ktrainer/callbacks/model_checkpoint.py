@@ -285,8 +285,8 @@ class ModelCheckpoint(Callback):
         save_id = f"{run.run_id}-{self._saves}"
         state = trainer.state_dict()  # after the updates above: the checkpoint's own state knows itself
         if self.async_save:
-            state = freeze(start_host_copies(state), read_value)  # what the loop waits for; the writing happens
-            # in the background
+            # What the loop waits for (the copy to host memory); the writing happens in the background.
+            state = freeze(start_host_copies(state), read_value)
         files, fields = checkpoint_payload(state, self._module.model, run, save_id, {
             "metrics": metrics, "monitor": self.monitor, "mode": self.mode, "owner": self.state_key, "reason": reason})
         if self.export_keras and new_best:

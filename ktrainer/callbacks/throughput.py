@@ -91,8 +91,9 @@ class ThroughputMonitor(Callback):
     but only when a peak is known, since then MFU needs it. TensorFlow counts 3 x the forward FLOPs of
     `module.model` on one global batch, read from its traced graph, so a training step that is not one
     forward and backward pass of `module.model` (several views, a GAN) should give its own there. JAX
-    counts the matrix products and convolutions of the whole training step from its jaxpr, whatever it
-    runs (it leaves out the first layer's input gradient, which is never computed). Peak: `peak_flops_per_device`
+    counts the matrix products and convolutions of the whole training step from its jaxpr, however many
+    models it calls (the first layer's input gradient is never computed, so not counted; nor are fused
+    kernels that are not matrix products or convolutions, such as cuDNN attention). Peak: `peak_flops_per_device`
     when given, else looked up by GPU name and the Trainer's precision (A100, H100, H200, V100, L4, T4;
     TF32 for float32 where TensorFlow enables it). On CPUs and other devices the peak is unknown, and
     there is no MFU (nor measured FLOPs); nothing is warned.

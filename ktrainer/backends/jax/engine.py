@@ -72,7 +72,7 @@ class JaxEngine(Engine):
 
     @functools.cached_property
     def _one_device(self) -> Any:
-        return self.plan.jax_devices()[0]
+        return self.plan.jax_devices()[0]  # its platform: where a one-device run's batches go
 
     def strategy_name(self) -> str:
         """"data_parallel" (keras.distribution.DataParallel) or "one_device"."""
@@ -107,9 +107,9 @@ class JaxEngine(Engine):
     def place(self, batch: Any, *, stacked: bool = False) -> Any:
         """Put a global batch (or N stacked ones) on the mesh, split along the batch when it divides evenly."""
         if self.replicas == 1:
-            # A CPU takes numpy as it is (its fastest path); an accelerator gets the copy now, so that a batch
-            # read ahead is on it before its call.
-            return batch if self._one_device.platform == "cpu" else jax.device_put(batch, self._one_device)
+            # A CPU takes numpy as it is (its fastest path); an accelerator gets the copy now (to the default
+            # device, where the state lives, as a numpy argument would), so a batch read ahead is there in time.
+            return batch if self._one_device.platform == "cpu" else jax.device_put(batch)
         processes, index = jax.process_count(), jax.process_index()
         size = keras.tree.flatten(batch)[0].shape[1 if stacked else 0]
         sharding, even = self._batch_sharding(size, stacked)
@@ -248,24 +248,26 @@ class _TrainRunner(Runner):
             return True, self.engine.place(stacked, stacked=True)
         return False, [self.engine.place(batch) for batch in batches]
 
-    def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0) -> dict[str, np.ndarray]:
-        """Run up to `num_steps` batches; returns every step's values."""
+    def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0, *,
+            ahead: int = 0) -> dict[str, np.ndarray]:
+        """Run up to `num_steps` batches, reading the next call's `ahead` meanwhile; returns every step's values."""
         batches, prepared = self._ahead.take(iterator, num_steps)
         if not batches:
             return {key: np.zeros((0,), np.float32) for key in self.keys}
         scanned, placed = prepared
         big, small = self.step.read_state()
         if scanned:
-            big, small, vectors = self._scanned(big, small, placed, np.int32(first_index))
+            big, small, stacked = self._scanned(big, small, placed, np.int32(first_index))
+            rows = [stacked]
         else:
-            vectors = []
+            rows = []
             for offset, batch in enumerate(placed):
-                big, small, vector = self._single(big, small, batch, np.int32(first_index + offset))
-                vectors.append(vector)
+                big, small, row = self._single(big, small, batch, np.int32(first_index + offset))
+                rows.append(row)
         self.step.big = big
         self.step.write_small(small)
-        self._ahead.read(iterator, num_steps)  # the host's work for the next call, while the device runs this one
-        values = to_host(vectors) if scanned else np.stack([to_host(row) for row in vectors])  # no extra dispatch
+        self._ahead.read(iterator, ahead)  # the host's work for the next call, while the device runs this one
+        values = to_host(rows[0]) if scanned else np.stack([to_host(row) for row in rows])  # no extra dispatch
         outputs = dict(zip(self.step.keys, values.T, strict=True))
         if self.engine.multi_process:
             outputs[STOP] = self._agreed_stop(len(batches))
@@ -303,8 +305,9 @@ class _EvalRunner(Runner):
             metrics = current_values(scope, self.metric_variables, metric_values)
         return metrics, jnp.stack([jnp.asarray(outputs[key], jnp.float32) for key in self.keys])
 
-    def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0) -> dict[str, np.ndarray]:
-        """Run up to `num_steps` batches; returns every step's values."""
+    def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0, *,
+            ahead: int = 0) -> dict[str, np.ndarray]:
+        """Run up to `num_steps` batches (`ahead` is unused: evaluation reads no batch ahead); every step's values."""
         values = stateless_values(self.variables)
         metric_values = stateless_values(self.metric_variables)
         rows = []

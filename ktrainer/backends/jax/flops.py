@@ -6,12 +6,13 @@ out the matrix products XLA hands to cuBLAS (on an H200 it counted under 1% of a
 FLOPs). The jaxpr is the same on every backend, so this count is too:
 
 - `dot_general`: 2 x its multiply-adds; `conv_general_dilated`: 2 x output elements x the kernel's
-  multiply-adds per output;
+  multiply-adds per output, over the input's dilation (its holes multiply nothing);
 - inside `jit`, `scan` (times its length), remat, custom derivative rules and any other primitive
   that holds jaxprs; a `cond` counts its largest branch, a `while` loop its body once (its trip
   count is unknown until it runs);
 - recomputation under remat is counted (it is work the device does); elementwise work is not, as
-  MFU conventionally counts the matrix units' work.
+  MFU conventionally counts the matrix units' work. Not counted either: primitives that are not these
+  two (a fused attention kernel such as cuDNN's), and a `shard_map` body counts one shard's shapes.
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ def _conv_flops(equation: Any) -> float:
     kernel = equation.invars[1].aval.shape
     out_features_dim = equation.params["dimension_numbers"].rhs_spec[0]
     per_output = math.prod(kernel) // kernel[out_features_dim]
-    return 2.0 * math.prod(equation.outvars[0].aval.shape) * per_output
+    # A dilated input (a strided convolution's input gradient, a transposed convolution) is mostly holes:
+    # only one window position in prod(dilation) meets a value.
+    holes = math.prod(equation.params.get("lhs_dilation") or (1,))
+    return 2.0 * math.prod(equation.outvars[0].aval.shape) * per_output / holes
 
 
 def _jaxprs_in(value: Any) -> Iterator[Any]:

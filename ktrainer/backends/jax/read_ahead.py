@@ -12,7 +12,12 @@ surfaces:
   (the data position in checkpoints counts trained batches, not read ones);
 - a call that takes fewer batches than were read ahead leaves the rest to the next call;
 - an error the iterator raises while reading ahead is raised when the batch it stood for is taken,
-  at the same step as without reading ahead.
+  at the same step as without reading ahead; batches that fail to be prepared ahead (no room on the
+  device beside the current call's) are prepared again when they are taken, and fail there.
+
+The caller says how many batches the next call may take (the Schedule knows: none after an epoch's
+last call or at `max_steps`), so nothing is read that no step will train on, unless a callback or
+a signal stops the run early.
 """
 
 from __future__ import annotations
@@ -71,7 +76,10 @@ class ReadAhead:
             except Exception as error:  # raised again by the `take` that reaches it
                 self._error = error
         if self._batches and (self._prepared is None or len(self._batches) > held):
-            self._prepared = self._prepare(self._batches)
+            try:
+                self._prepared = self._prepare(self._batches)
+            except Exception:  # noqa: BLE001 - prepared again by the `take` they are due in, which raises it there
+                self._prepared = None
 
     def _follow(self, iterator: Iterator[Any]) -> None:
         if iterator is not self._iterator:

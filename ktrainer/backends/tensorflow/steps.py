@@ -46,13 +46,14 @@ class CompiledSteps:
         self._concrete = None
         self._step_counts: dict[int, tf.Tensor] = {}
 
-    def run(self, iterator: Any, num_steps: int, first_index: int = 0) -> dict[str, np.ndarray]:
+    def run(self, iterator: Any, num_steps: int, first_index: int = 0, *, ahead: int = 0) -> dict[str, np.ndarray]:
         """Run up to `num_steps` batches from `iterator`; stops early when it is exhausted.
 
         Args:
             iterator: The distributed iterator of batches.
             num_steps: Batches to run at most.
             first_index: The first batch's index in its epoch (the hooks' `batch_idx`).
+            ahead: Unused: tf.data reads ahead by itself (its `prefetch`).
 
         Returns:
             Each key's per-step values (empty arrays when the iterator was already exhausted).

@@ -41,6 +41,17 @@ def test_a_grouped_convolution_counts_the_channels_each_group_sees():
     assert matmul_flops(depthwise, spec(1, 5, 5, 4), spec(3, 3, 1, 4)) == 2 * (1 * 3 * 3 * 4) * (3 * 3 * 1)
 
 
+def test_a_strided_convolutions_input_gradient_counts_what_its_forward_pass_does():
+    def forward(x, kernel):
+        return jax.lax.conv_general_dilated(x, kernel, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    x, kernel = spec(1, 16, 16, 4), spec(3, 3, 4, 8)
+    once = matmul_flops(forward, x, kernel)
+    assert once == 2 * (8 * 8 * 8) * (3 * 3 * 4)
+    # the forward pass, then the input's gradient: a convolution over the output gradient dilated by the stride
+    assert matmul_flops(jax.grad(lambda x, k: jnp.sum(forward(x, k))), x, kernel) == 2 * once
+
+
 def test_elementwise_work_is_not_counted():
     assert matmul_flops(lambda x: jnp.tanh(x) * 2 + 1, spec(100, 100)) == 0
 

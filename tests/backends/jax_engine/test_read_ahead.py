@@ -96,6 +96,39 @@ def test_an_error_in_a_call_that_reaches_it_is_raised_by_that_call():
         ahead.take(iterator, 2)
 
 
+def test_batches_that_fail_to_be_prepared_ahead_are_prepared_again_when_due_and_fail_there():
+    failures = []
+
+    def prepare(batches):
+        if 3 in batches and not failures:
+            failures.append(batches)
+            raise MemoryError("no room on the device")
+        return tuple(batches)
+
+    ahead, iterator = ReadAhead(prepare), iter(range(6))
+    ahead.take(iterator, 3)
+    ahead.read(iterator, 3)  # fails to prepare (3, 4, 5): not raised by the call running now
+    assert failures == [[3, 4, 5]]
+    assert ahead.take(iterator, 3) == ([3, 4, 5], (3, 4, 5))  # prepared again when due
+
+
+@pytest.mark.parametrize(("steps_per_execution", "max_steps"), [(1, 5), (2, 6), (4, 6)])
+def test_a_fit_reads_no_batch_of_a_generator_that_it_does_not_train_on(tmp_path, steps_per_execution, max_steps):
+    x, y = regression_data(160)
+    read = []
+
+    def data():
+        for i in range(0, 160, 8):
+            read.append(i // 8)
+            yield x[i:i + 8], y[i:i + 8]
+
+    trainer = kt.Trainer(default_root_dir=str(tmp_path), batch_size=8, max_steps=max_steps, logger=False,
+                         enable_progress_bar=False, enable_checkpointing=False, steps_per_execution=steps_per_execution)
+    trainer.fit(Regressor(), data())
+    assert trainer.global_step == max_steps
+    assert read == list(range(max_steps))
+
+
 @pytest.mark.parametrize("steps_per_execution", [1, 2])
 def test_a_fit_whose_data_fails_trains_exactly_the_batches_before_the_failure(tmp_path, steps_per_execution):
     x, y = regression_data(48)
