@@ -72,7 +72,7 @@ class JaxEngine(Engine):
 
     @functools.cached_property
     def _one_device(self) -> Any:
-        return self.plan.jax_devices()[0]  # its platform: where a one-device run's batches go
+        return self.plan.jax_devices()[0]  # its platform decides how a one-device run's batches are placed
 
     def strategy_name(self) -> str:
         """"data_parallel" (keras.distribution.DataParallel) or "one_device"."""
