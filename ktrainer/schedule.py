@@ -7,7 +7,7 @@ plain Python over plain numbers, so each is tested on its own (tests/test_schedu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ktrainer.progress import Progress
 
@@ -85,18 +85,15 @@ class Schedule:
         return max(steps, 0)
 
     def batches_after(self, progress: Progress, num_steps: int) -> int:
-        """The most batches the call after one of `num_steps` can take in this epoch (what an engine may read
-        while that call runs): 0 where that call ends the epoch or reaches `max_steps`. A validation or a
-        group boundary may make the next call shorter; what was read and not taken is taken after it."""
-        batch = progress.batch_in_epoch + num_steps
-        steps = self.steps_per_execution
-        if self.batches_per_epoch is not None:
-            steps = min(steps, self.batches_per_epoch - batch)
-        if self.max_steps is not None:
-            accumulate = self.accumulate_grad_batches
-            stepped = progress.global_step + (progress.batch_in_epoch % accumulate + num_steps) // accumulate
-            steps = min(steps, (self.max_steps - stepped) * accumulate - batch % accumulate)
-        return max(steps, 0)
+        """The batches the call after one of `num_steps` will take in this epoch (what an engine may read while
+        that call runs): `batches_in_next_execution` where that call leaves the run, if none of its steps is
+        skipped; 0 where it ends the epoch or reaches `max_steps`."""
+        accumulate = self.accumulate_grad_batches
+        after = replace(progress, global_step=progress.global_step + (progress.batch_in_epoch % accumulate
+                                                                      + num_steps) // accumulate,
+                        batch_in_epoch=progress.batch_in_epoch + num_steps,
+                        batches_trained=progress.batches_trained + num_steps)
+        return self.batches_in_next_execution(after)
 
     def val_interval_batches(self) -> int | None:
         """Validate every this many batches (of the epoch, or of the run: see `check_val_every_n_epoch`);

@@ -43,6 +43,9 @@ def test_what_the_next_call_may_take_is_nothing_after_the_epochs_last_call_or_at
     assert grouped.batches_after(at(), 4) == 8  # two more groups of 4
     assert grouped.batches_after(at(), 12) == 0
     assert grouped.batches_after(at(step=2, batch=9), 3) == 0  # that call finishes step 3's group
+    validating = Schedule(max_epochs=1, max_steps=None, batches_per_epoch=10, steps_per_execution=5,
+                          val_check_interval=3, check_val_every_n_epoch=1)
+    assert validating.batches_after(at(), 3) == validating.batches_in_next_execution(at(step=3, batch=3)) == 3
 
 
 def test_with_accumulation_max_steps_counts_groups_and_a_partial_group_is_finished():
