@@ -35,7 +35,6 @@ def save_checkpoint_at(trainer: Any, module: Any, filepath: str | os.PathLike,
         CheckpointError: When `filepath` holds a checkpoint of another run (never overwritten), a folder of
             checkpoints or of other files, or a file, or the write fails (nothing committed then).
     """
-    state = trainer.state_dict()
     directory, name = split_checkpoint_url(os.fspath(filepath), storage_options)
     if step_of(name) is not None:
         raise ValueError(f"save_checkpoint({os.fspath(filepath)!r}): names like {name!r} are a ModelCheckpoint's, "
@@ -48,11 +47,10 @@ def save_checkpoint_at(trainer: Any, module: Any, filepath: str | os.PathLike,
                       "the ModelCheckpoint's save_last checkpoint.", UserWarning, stacklevel=3)
     if not trainer.is_global_zero:
         return None
-    io = FsspecCheckpointIO(directory)
-    _refuse_what_is_not_this_runs(io, directory.join(name), name, trainer.run)
-    run = trainer.run
+    io, run = FsspecCheckpointIO(directory), trainer.run
+    _refuse_what_is_not_this_runs(io, directory.join(name), name, run)
     save_id = f"{run.run_id}-{next(_SAVES)}"  # a new one each time: a second save to one path replaces the first
-    files, fields = checkpoint_payload(state, module.model, run, save_id, {"reason": "manual"})
+    files, fields = checkpoint_payload(trainer.state_dict(), module.model, run, save_id, {"reason": "manual"})
     return io.write(name, files, fields).url
 
 
