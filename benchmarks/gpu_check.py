@@ -74,12 +74,15 @@ def steps_per_epoch(data: tuple, args: argparse.Namespace) -> int:
     return len(data[0]) // args.batch
 
 
-def trainer_rate(data, args, precision: str, spe: int, root: str) -> tuple[float, float | None]:
-    """Trainer steps/s (median over the epochs after the first) and the epoch's MFU it logged."""
+def trainer_rate(data, args, precision: str, spe: int, root: str,
+                 monitored: bool = True) -> tuple[float, float | None]:
+    """Trainer steps/s (median over the epochs after the first) and the epoch's MFU it logged; `monitored`: with
+    a ThroughputMonitor and a CSVLogger (else neither, and no MFU)."""
     clock = Clock()
     trainer = kt.Trainer(max_epochs=args.epochs, batch_size=args.batch, precision=precision, seed=0,
                          steps_per_execution=spe, enable_progress_bar=False, enable_checkpointing=False,
-                         logger=kt.loggers.CSVLogger(root), callbacks=[clock, kt.callbacks.ThroughputMonitor()],
+                         logger=kt.loggers.CSVLogger(root) if monitored else False,
+                         callbacks=[clock, kt.callbacks.ThroughputMonitor()] if monitored else [clock],
                          default_root_dir=root)
     trainer.fit(MLP(args.features, args.width, args.depth), data)
     mfu = trainer.callback_metrics.get("perf/mfu_epoch")

@@ -18,6 +18,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 os.environ["KERAS_BACKEND"] = "jax"
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-from gpu_check import MLP, Clock, make_model  # noqa: E402
+from gpu_check import MLP, make_model, trainer_rate  # noqa: E402
 
 import ktrainer as kt  # noqa: E402
 
@@ -104,16 +105,11 @@ def main() -> None:
                                                                            steps)
     train_step.big = live[0]
 
-    def fit_rate(callbacks: list, logger) -> float:
-        clock = Clock()
-        kt.Trainer(max_epochs=4, batch_size=batch, precision="bf16-mixed", seed=0, enable_progress_bar=False,
-                   enable_checkpointing=False, logger=logger, callbacks=[clock, *callbacks],
-                   default_root_dir="ktrainer-step-split").fit(MLP(features, width, depth), (x, y))
-        return steps / statistics.median(clock.epoch_times[1:])
-
-    results["Trainer, steps_per_execution 1"] = fit_rate([], False)
-    results["Trainer + ThroughputMonitor + CSVLogger"] = fit_rate([kt.callbacks.ThroughputMonitor()],
-                                                                  kt.loggers.CSVLogger("ktrainer-step-split"))
+    sizes = argparse.Namespace(features=features, width=width, depth=depth, batch=batch, epochs=4)
+    with tempfile.TemporaryDirectory() as root:
+        for name, monitored in (("Trainer, steps_per_execution 1", False),
+                                ("Trainer + ThroughputMonitor + CSVLogger", True)):
+            results[name] = trainer_rate((x, y), sizes, "bf16-mixed", 1, f"{root}/{monitored}", monitored)[0]
     for name, rate in results.items():
         print(f"{name:42s} {rate:9.1f} steps/s", flush=True)
 
