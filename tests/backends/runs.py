@@ -1,25 +1,51 @@
-"""Running training legs on the JAX backend in a fresh process that refuses TensorFlow, from a TensorFlow test."""
+"""Running training legs in a fresh process (on JAX: one that refuses TensorFlow), from a TensorFlow test."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).parent
 LEG_RUN = HERE / "leg_run.py"
+SPARSE_RUN = HERE / "sparse_run.py"
 NO_TENSORFLOW = HERE / "jax_engine" / "no_tensorflow.py"
 
 
-def jax_legs(legs: list[dict], cwd: Path) -> list[dict]:
-    """Run `legs` (leg_run.py's arguments) one after another in one JAX process without TensorFlow."""
-    done = subprocess.run([sys.executable, str(NO_TENSORFLOW), str(LEG_RUN), json.dumps(legs)], capture_output=True,
-                          text=True, timeout=600, cwd=cwd)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def jax_legs(legs: list[dict], cwd: Path, script: Path = LEG_RUN) -> list[dict]:
+    """Run `legs` (`script`'s arguments) one after another in one JAX process without TensorFlow."""
+    return start_legs(legs, cwd, script, backend="jax").result()
+
+
+def start_legs(legs: list[dict], cwd: Path, script: Path, backend: str) -> StartedLegs:
+    """Start running `legs` (`script`'s arguments) in a process of their own on `backend` ("jax": one without
+    TensorFlow; "tensorflow": its own device layout), while the caller goes on."""
+    command = [sys.executable, str(NO_TENSORFLOW), str(script)] if backend == "jax" else [sys.executable, str(script)]
+    return StartedLegs([*command, json.dumps(legs)], cwd)
+
+
+class StartedLegs:
+    """A process running training legs; `result()` waits for it and returns each leg's report."""
+
+    def __init__(self, command: list[str], cwd: Path):
+        # Files, not pipes: a child never blocks on a full pipe while the caller is busy elsewhere.
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self._process = subprocess.Popen(command, stdout=self._out, stderr=self._err, text=True, cwd=cwd)
+
+    def result(self) -> list[dict]:
+        """Wait for the process (at most 10 minutes) and return what it printed last: one report per leg."""
+        try:
+            returncode = self._process.wait(timeout=600)
+        finally:
+            self._process.kill()
+        self._out.seek(0), self._err.seek(0)
+        out, err = self._out.read(), self._err.read()
+        assert returncode == 0, err[-4000:]
+        return json.loads(out.strip().splitlines()[-1])
 
 
 def max_difference(first: list, second: list) -> float:

@@ -49,7 +49,7 @@ def from_weights(module_class: type, values: list[np.ndarray]) -> type:
 def fit_both(build: Callable[[], keras.Model], module_class: type, compile_args: dict, x: Any, y: Any = None, *,
              epochs: int = 2, batch_size: int = 16, fit_args: dict | None = None, trainer_args: dict | None = None,
              train_data: Any = None, val_data: Any = None, module_args: dict | None = None,
-             our_fit_args: dict | None = None) -> Run:
+             our_fit_args: dict | None = None, fit_optimizer: Callable[[], Any] | None = None) -> Run:
     """model.fit the example, then trainer.fit its port from the same initial weights.
 
     Args:
@@ -67,12 +67,14 @@ def fit_both(build: Callable[[], keras.Model], module_class: type, compile_args:
         val_data: ktrainer's validation data.
         module_args: The Module's constructor arguments.
         our_fit_args: More `trainer.fit` arguments (validation_split).
+        fit_optimizer: The optimizer `model.fit` gets where it must differ from the Module's (a function of
+            no arguments); default compile_args's.
     """
     keras.utils.set_random_seed(0)
     model = build()
     initial = [keras.ops.convert_to_numpy(v) for v in model.variables]
     arguments = dict(compile_args)
-    arguments["optimizer"] = arguments["optimizer"]()
+    arguments["optimizer"] = (fit_optimizer or arguments["optimizer"])()
     model.compile(**arguments)
     history = model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0, **(fit_args or {}))
     module = from_weights(module_class, initial)(**(module_args or {}))

@@ -22,7 +22,14 @@ from typing import Any
 import tensorflow as tf
 
 from ktrainer.accumulation import PartialGroup, groups_mismatch
-from ktrainer.backends.tensorflow.gradients import dense, values
+from ktrainer.backends.tensorflow.gradients import (
+    dense,
+    is_sparse,
+    nonzero_rows,
+    replica_share,
+    sum_duplicate_rows,
+    values,
+)
 from ktrainer.hooks import NO_UPDATE, call_step_hook, loss_from_return, wrapped_optimizer
 from ktrainer.module import LogOptions
 from ktrainer.precision.loss_scale import scale_gradient
@@ -43,7 +50,7 @@ __all__ = ["TrainStep", "UpdateRule"]
 
 def _all_reduce_sum(tensors: list[tf.Tensor]) -> list[tf.Tensor]:
     context = tf.distribute.get_replica_context()
-    if context is None or context.num_replicas_in_sync == 1:
+    if not tensors or context is None or context.num_replicas_in_sync == 1:
         return tensors
     return context.all_reduce(tf.distribute.ReduceOp.SUM, tensors)
 
@@ -55,6 +62,12 @@ class UpdateRule(PartialGroup):
     replicas, so the sum over replicas (what the optimizer applies) is the gradient of the mean
     over the global batch. Gradients of `accumulate` batches are averaged before one update;
     clipping (by global norm) acts on the unscaled, averaged, all-replica gradient.
+
+    A sparse gradient (an Embedding's) reaches the optimizer as the gradient of the loss, still
+    sparse: its duplicate rows summed on each replica, summed over replicas here (every replica
+    then holds it whole, and the non-finite check and the clipping norm read it), and each replica
+    hands the optimizer a share of its rows, so the optimizer's own sum over replicas gives every
+    row once (see `gradients.py`).
 
     Args:
         optimizer: The optimizer, as the precision plugin wrapped it.
@@ -77,6 +90,7 @@ class UpdateRule(PartialGroup):
         self.sums: list[tf.Variable] = []
         self.count: tf.Variable | None = None
         self._trained: list[bool] = [True] * len(self.variables)
+        self._sparse: list[bool] = [False] * len(self.variables)
 
     def build(self) -> None:
         """Create the accumulation variables, one copy per replica (call inside the strategy scope)."""
@@ -105,7 +119,8 @@ class UpdateRule(PartialGroup):
                 "Compute the loss from self.model(...) (or, in manual optimization, from the variables given to "
                 "self.manual_step)."
             )
-        return loss, self.precision.unscale_gradients(self._present(gradients), self.optimizer)
+        present = [sum_duplicate_rows(gradient) for gradient in self._present(gradients)]
+        return loss, self.precision.unscale_gradients(present, self.optimizer)
 
     def update(self, gradients: list) -> tuple[tf.Tensor, tf.Tensor]:
         """Accumulate, then (at a group's end) apply or skip, one decision for all replicas; (applied, skipped)."""
@@ -113,21 +128,27 @@ class UpdateRule(PartialGroup):
             return self._decide(gradients, tf.constant(True))
         sums = self._present(self.sums)
         for total, gradient in zip(sums, gradients, strict=True):
-            if isinstance(gradient, tf.IndexedSlices):
+            if is_sparse(gradient) and self.replicas == 1:
                 total.scatter_add(gradient)  # only the rows the batch touched
-            else:
-                total.assign_add(gradient)
+            else:  # a replica's own sum (sync-on-read) has no scatter: add the rows as a dense tensor
+                total.assign_add(dense(gradient))
         self.count.assign_add(1)
+        self._sparse = [is_sparse(gradient) for gradient in gradients]
         due = self.count >= self.accumulate
-        mean = [total / tf.cast(self.accumulate, total.dtype) for total in sums]
+        mean = self._group_mean(sums, self.accumulate)
         self._reset_where(due)
         return self._decide(mean, due)
 
     def flush_on_replica(self) -> tf.Tensor:
         """Apply the partial group accumulated so far (per replica, inside `strategy.run`); the skipped flag."""
-        mean = [total / tf.cast(self.count, total.dtype) for total in self._present(self.sums)]
+        mean = self._group_mean(self._present(self.sums), self.count)
         self._reset_where(tf.constant(True))
         return self._decide(mean, tf.constant(True))[1]
+
+    def _group_mean(self, sums: list[tf.Variable], batches: Any) -> list:
+        """The mean gradient of a group's batches; a sparse gradient's as the rows its batches touched (sparse)."""
+        mean = [total / tf.cast(batches, total.dtype) for total in sums]
+        return [nonzero_rows(m) if sparse else m for m, sparse in zip(mean, self._sparse, strict=True)]
 
     def loss_scale(self) -> Any:
         """The current loss scale, or None."""
@@ -142,15 +163,27 @@ class UpdateRule(PartialGroup):
         self.count.assign(tf.where(due, tf.zeros_like(self.count), self.count))
 
     def _decide(self, local_gradients: list, due: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        gradients = self._sparse_summed_over_replicas(local_gradients)
         if self.accumulate == 1 and not self.precision.loss_scaling:
-            self._apply_on_replica(local_gradients)  # nothing to decide: the plain, fastest path
+            self._apply_on_replica(gradients)  # nothing to decide: the plain, fastest path
             return tf.constant(1.0), tf.constant(0.0)
-        bad = [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(values(g))), tf.float32))
-               for g in local_gradients]
+        bad = [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(values(g))), tf.float32)) for g in gradients]
         finite = tf.equal(_all_reduce_sum([tf.add_n(bad)])[0], 0.0)
         context = tf.distribute.get_replica_context()
-        skipped = context.merge_call(self._update_all_replicas, args=(local_gradients, due, finite))
+        skipped = context.merge_call(self._update_all_replicas, args=(gradients, due, finite))
         return tf.cast(due, tf.float32), skipped
+
+    def _sparse_summed_over_replicas(self, local_gradients: list) -> list:
+        """Each sparse gradient summed over replicas, one row per index (every replica holds it whole); each dense
+        gradient this replica's own (the optimizer sums those)."""
+        sparse = [index for index, gradient in enumerate(local_gradients) if is_sparse(gradient)]
+        if self.replicas == 1 or not sparse:
+            return local_gradients
+        summed = _all_reduce_sum([local_gradients[index] for index in sparse])
+        gradients = list(local_gradients)
+        for index, gradient in zip(sparse, summed, strict=True):
+            gradients[index] = sum_duplicate_rows(gradient)
+        return gradients
 
     def _update_all_replicas(self, strategy: tf.distribute.Strategy, local_gradients: Any, due: Any,
                              finite: Any) -> tf.Tensor:
@@ -162,14 +195,19 @@ class UpdateRule(PartialGroup):
 
         return tf.cond(due, lambda: self.precision.apply(self.optimizer, apply, finite), lambda: tf.constant(0.0))
 
-    def _apply_on_replica(self, local_gradients: list) -> None:
+    def _apply_on_replica(self, gradients: list) -> None:
+        """Clip, then hand the optimizer this replica's gradients (a share of each sparse one's rows); it sums them
+        over replicas."""
         if self.clip is not None:
-            total = _all_reduce_sum([dense(g) for g in local_gradients])  # the norm of the sum
-            norm = tf.linalg.global_norm(total)
+            sparse = [g.values for g in gradients if is_sparse(g)]  # already the sum over replicas
+            dense_sums = _all_reduce_sum([g for g in gradients if not is_sparse(g)])
+            norm = tf.linalg.global_norm(dense_sums + sparse)  # the norm of the sum
             factor = tf.minimum(1.0, self.clip / tf.maximum(norm, 1e-12))
-            local_gradients = [scale_gradient(g, factor) for g in local_gradients]
+            gradients = [scale_gradient(g, factor) for g in gradients]
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        shares = [replica_share(g, replica, self.replicas) for g in gradients]
         optimizer = self.precision.optimizer_to_step(self.optimizer)
-        optimizer.apply(local_gradients, self._present(self.variables))
+        optimizer.apply(shares, self._present(self.variables))
 
 
 class TrainStep:
