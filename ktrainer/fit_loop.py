@@ -11,10 +11,13 @@ import itertools
 import logging
 import signal
 import time
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ktrainer.backends.engine import InFlight
 from ktrainer.callbacks import Callback, ModelCheckpoint
 from ktrainer.callbacks.keras_adapter import KerasCallback
 from ktrainer.checkpoint.format import checkpoint_name
@@ -24,6 +27,7 @@ from ktrainer.evaluation import run_evaluation
 from ktrainer.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
 from ktrainer.module_checks import check_stream_not_ended, check_training_steps
 from ktrainer.preemption import Preempted, SignalWatcher
+from ktrainer.progress import Progress
 from ktrainer.reporting import call_hook
 from ktrainer.run_summary import stop_line, stop_reason
 from ktrainer.step_outputs import APPLIED, LOSS_SCALE, SKIPPED, STOP
@@ -60,6 +64,9 @@ class FitLoop:
         self._validated_at: tuple[int, int, int] | None = None  # (epoch, batch, step) of the last validation
         self._validated_metrics: dict[str, float] = {}
         self.sync_each_batch = _batch_hooks_read_weights(trainer.callbacks)
+        self.window = in_flight_window(trainer, module, train_runner, self.sync_each_batch)
+        self.checkpoints = [callback for callback in trainer.callbacks if isinstance(callback, ModelCheckpoint)]
+        self._stop_voted = False  # several processes: an execution's all-reduce said a process was signalled
 
     def run(self) -> None:
         """`on_fit_start`, epochs until the Schedule (or a callback, or a signal) stops them, `on_fit_end`.
@@ -112,40 +119,106 @@ class FitLoop:
     def _run_batches(self, metrics: EpochMetrics) -> bool:
         """Compiled executions until the epoch's batches run out, a step limit is hit, or a callback stops.
 
+        Up to `window` executions are in flight: the next is dispatched before the oldest is read back,
+        and each is accounted (progress, logs, batch hooks) in order, exactly as if it had been read at
+        once. Whatever must see the state at a step (a save, a validation, the epoch's end, `max_steps`)
+        is known when the execution before it is dispatched, which is then read back before another is.
+
         Returns:
             Whether the epoch ended (its batches, or its data, ran out).
         """
         trainer, progress = self.trainer, self.trainer.progress
         iterator = trainer.engine.batches(self.train, progress.epoch, self._batches_to_skip(), progress.shuffle_seed)
-        while not trainer.should_stop:
-            num_steps = trainer.schedule.batches_in_next_execution(progress)
-            if num_steps == 0:
-                break
-            self._call("on_train_batch_start", progress.batch_in_epoch)
-            if trainer.engine.multi_process and self.signals.received is not None:
-                trainer.engine.request_stop(self.train_step)  # every process learns it from this execution's all-reduce
-            outputs = self.train_runner.run(iterator, num_steps, progress.batch_in_epoch,
-                                            ahead=trainer.schedule.batches_after(progress, num_steps))
-            ran = len(outputs[APPLIED])
-            if ran == 0:
-                if progress.batch_in_epoch == 0:
-                    check_stream_not_ended(self.train, progress.epoch)
-                    check_training_steps(0, None, trainer.batch_size, trainer.engine.replicas)
-                return True
-            step_metrics = self._account(outputs, metrics)
-            due = self.val is not None and trainer.schedule.validates_within_epoch(progress)
-            progress.pending_validation = due  # a checkpoint saved before it runs (batch hooks, preemption) runs it
-            if self.sync_each_batch:
-                trainer.engine.sync()
+        flight: deque[_Dispatched] = deque()
+        try:
+            while True:
+                if self._may_dispatch(flight):
+                    try:
+                        dispatched = self._dispatch(iterator, flight[-1].after if flight else progress)
+                    except Exception:  # the data failed: the steps before it are trained, accounted as without a window
+                        while flight:
+                            self._finish(flight.popleft(), metrics, flight)
+                        raise
+                    if dispatched is not None:
+                        flight.append(dispatched)
+                        if len(flight) < self.window and not dispatched.drain_after:
+                            continue
+                if not flight:
+                    return self._epoch_counted_out()
+                ended = self._finish(flight.popleft(), metrics, flight)
+                if ended is not None:
+                    while flight:  # dispatched before the stop was known: trained, so accounted
+                        self._finish(flight.popleft(), metrics, flight)
+                    return ended or self._epoch_counted_out()
+        except BaseException:
+            _abandon(flight)
+            raise
+
+    def _may_dispatch(self, flight: deque[_Dispatched]) -> bool:
+        if self.trainer.should_stop or self._stop_voted or (flight and flight[-1].drain_after):
+            return False
+        return self.trainer.engine.multi_process or self.signals.received is None
+
+    def _dispatch(self, iterator: Any, planned: Any) -> _Dispatched | None:
+        """Dispatch the execution after `planned` (the progress once every call in flight ran whole), deciding
+        now what its end must see; None when the epoch or the run has no batch left."""
+        trainer, schedule = self.trainer, self.trainer.schedule
+        num_steps = schedule.batches_in_next_execution(planned)
+        if num_steps == 0:
+            return None
+        if self.window == 1:
+            self._call("on_train_batch_start", planned.batch_in_epoch)
+        if trainer.engine.multi_process and self.signals.received is not None:
+            trainer.engine.request_stop(self.train_step)  # every process learns it from this execution's all-reduce
+        after = schedule.progress_after(planned, num_steps)
+        ahead = schedule.batches_after(planned, num_steps)
+        saves = {id(callback): callback.save_due(after.global_step) for callback in self.checkpoints}
+        drain = (self.window == 1 or ahead == 0 or any(reason is not None for reason in saves.values())
+                 or (self.val is not None and schedule.validates_within_epoch(after)))
+        call = self.train_runner.dispatch(iterator, num_steps, planned.batch_in_epoch, ahead=ahead)
+        return _Dispatched(call, num_steps, planned.batch_in_epoch, after, after.global_step - planned.global_step,
+                           saves, drain)
+
+    def _finish(self, dispatched: _Dispatched, metrics: EpochMetrics, flight: deque[_Dispatched]) -> bool | None:
+        """Read one execution back and account it; True when the epoch's data ended, False when the run stops
+        here (a step limit, a callback), None to go on."""
+        trainer, progress = self.trainer, self.trainer.progress
+        outputs = dispatched.call.result()
+        ran = len(outputs[APPLIED])
+        if ran == 0:
+            if progress.batch_in_epoch == 0:
+                check_stream_not_ended(self.train, progress.epoch)
+                check_training_steps(0, None, trainer.batch_size, trainer.engine.replicas)
+            return True
+        if self.window > 1:  # no batch hook reads the weights: called where the execution is accounted
+            self._call("on_train_batch_start", dispatched.first_batch)
+        step_metrics = self._account(outputs, metrics, updates_in_flight=sum(each.updates for each in flight))
+        due = self.val is not None and trainer.schedule.validates_within_epoch(progress)
+        progress.pending_validation = due  # a checkpoint saved before it runs (batch hooks, preemption) runs it
+        if self.sync_each_batch:
+            trainer.engine.sync()
+        if progress.global_step == dispatched.after.global_step:  # else its data ended early: decide now
+            trainer.state.planned_saves = dispatched.planned_saves
+        try:
             self._call("on_train_batch_end", step_metrics, progress.batch_in_epoch - 1)
+        finally:
+            trainer.state.planned_saves = None
+        if trainer.engine.multi_process and outputs[STOP][-1] > 0:
+            self._stop_voted = True
+        if not flight:  # the state is at this step: a preemption can be saved here
             self._check_for_preemption(outputs)
-            if due:
-                self._validate()
-            if ran < num_steps:
-                return True
-            if trainer.max_steps is not None and progress.global_step >= trainer.max_steps:
-                break
-        return trainer.num_training_batches is not None and progress.batch_in_epoch >= trainer.num_training_batches
+        if due:
+            self._validate()
+        if ran < dispatched.num_steps:
+            return True
+        if trainer.should_stop or (trainer.max_steps is not None and progress.global_step >= trainer.max_steps):
+            return False
+        return None
+
+    def _epoch_counted_out(self) -> bool:
+        trainer = self.trainer
+        return trainer.num_training_batches is not None and trainer.progress.batch_in_epoch >= \
+            trainer.num_training_batches
 
     def _batches_to_skip(self) -> int:
         """The batches of this epoch already trained; for a stream (read once, across epochs), every batch the run
@@ -155,8 +228,11 @@ class FitLoop:
             return progress.epoch * per_epoch + progress.batch_in_epoch
         return progress.batch_in_epoch
 
-    def _account(self, outputs: dict[str, np.ndarray], metrics: EpochMetrics) -> dict[str, float]:
-        """Advance Progress over one execution's steps, log the steps the Schedule picks; the last step's metrics."""
+    def _account(self, outputs: dict[str, np.ndarray], metrics: EpochMetrics, updates_in_flight: int = 0
+                 ) -> dict[str, float]:
+        """Advance Progress over one execution's steps, log the steps the Schedule picks; the last step's metrics.
+        `updates_in_flight`: the optimizer steps of the executions dispatched after this one (the optimizer's
+        iteration count already holds them)."""
         trainer, progress = self.trainer, self.trainer.progress
         metrics.add(outputs)
         # Python lists: for the one or few steps of an execution, numpy's per-call cost is most of the work.
@@ -171,8 +247,8 @@ class FitLoop:
             progress.global_step = steps_after[index]
             extra = {SKIPPED_STEPS: skips_after[index]} if trainer.precision.loss_scaling else {}
             trainer.log_metrics({**metrics.step_metrics(outputs, index), **running, **extra})
-        trainer.state.logged_steps = tuple((steps_after[index], _updates_after(stepped, skipped, index))
-                                           for index in log_at)
+        trainer.state.logged_steps = tuple(
+            (steps_after[index], _updates_after(stepped, skipped, index) + updates_in_flight) for index in log_at)
         progress.global_step = steps_after[-1]
         progress.skipped_steps = skips_after[-1]
         progress.batch_in_epoch += ran
@@ -319,6 +395,40 @@ def _batch_hooks_read_weights(callbacks: list) -> bool:
         return any(defines_hook(callback, hook, Callback) for hook in ("on_train_batch_start", "on_train_batch_end"))
 
     return any(may_read(callback) for callback in callbacks)
+
+
+def in_flight_window(trainer: Any, module: Any, runner: Any, batch_hooks_read_weights: bool) -> int:
+    """How many executions the loop keeps in flight: `Trainer(max_in_flight=...)`, or 1 where the engine runs
+    each call to its end before it returns (TensorFlow), or where an execution's effect must be known before
+    the next is dispatched: a batch hook that may read the weights; loss scaling (an in-flight step may be
+    skipped, so the optimizer's iteration count is unknown until read); manual optimization (each optimizer
+    counts its own updates)."""
+    if (not runner.dispatches_ahead or batch_hooks_read_weights or trainer.precision.loss_scaling
+            or not module.automatic_optimization):
+        return 1
+    return trainer.max_in_flight
+
+
+@dataclass(frozen=True)
+class _Dispatched:
+    """An execution in flight, with what the loop decided when it dispatched it."""
+
+    call: InFlight
+    num_steps: int  # the batches asked for
+    first_batch: int  # its first batch's index in the epoch
+    after: Progress  # the progress once it ran whole
+    updates: int  # the optimizer steps it takes if it runs whole
+    planned_saves: dict[int, str | None]  # each ModelCheckpoint's decision for its batch end
+    drain_after: bool  # read back before another is dispatched
+
+
+def _abandon(flight: deque[_Dispatched]) -> None:
+    """Wait for the executions left in flight when the loop fails (their errors give way to the first)."""
+    while flight:
+        try:
+            flight.popleft().call.result()
+        except Exception:  # noqa: BLE001 - the loop's own error is the one raised
+            pass
 
 
 class _PreemptionRequested(Exception):  # noqa: N818 - a signal to unwind the loop, caught by run

@@ -19,7 +19,10 @@ class TrainerState:
         averages_in_weights: The optimizer's moving averages (`use_ema=True`) were put into the weights at
             the end of fit: the model no longer holds the weights training ended with.
         logged_steps: The global steps the last execution logged, each with the optimizer updates applied
-            after it within that execution (a per-step value such as the learning rate is read back by them).
+            after it (within that execution, and by the executions dispatched after it and still in flight):
+            a per-step value such as the learning rate is read back by them.
+        planned_saves: For the execution whose batch end runs now, what each ModelCheckpoint (by `id`) decided
+            when it was dispatched (a reason, or None: no save); None outside fit's batch ends.
     """
 
     stage: str = ""
@@ -28,3 +31,4 @@ class TrainerState:
     validated_this_epoch: bool = False
     averages_in_weights: bool = False
     logged_steps: tuple[tuple[int, int], ...] = ()
+    planned_saves: dict[int, str | None] | None = None

@@ -88,12 +88,16 @@ class Schedule:
         """The batches the call after one of `num_steps` will take in this epoch (what an engine may read while
         that call runs): `batches_in_next_execution` where that call leaves the run, if none of its steps is
         skipped; 0 where it ends the epoch or reaches `max_steps`."""
+        return self.batches_in_next_execution(self.progress_after(progress, num_steps))
+
+    def progress_after(self, progress: Progress, num_steps: int) -> Progress:
+        """Where a call of `num_steps` batches leaves `progress` if it runs them all (what the loop plans the
+        next call from before this one's outputs are read): the group ends it passes are its optimizer steps."""
         accumulate = self.accumulate_grad_batches
-        after = replace(progress, global_step=progress.global_step + (progress.batch_in_epoch % accumulate
-                                                                      + num_steps) // accumulate,
-                        batch_in_epoch=progress.batch_in_epoch + num_steps,
-                        batches_trained=progress.batches_trained + num_steps)
-        return self.batches_in_next_execution(after)
+        return replace(progress, global_step=progress.global_step + (progress.batch_in_epoch % accumulate
+                                                                     + num_steps) // accumulate,
+                       batch_in_epoch=progress.batch_in_epoch + num_steps,
+                       batches_trained=progress.batches_trained + num_steps)
 
     def val_interval_batches(self) -> int | None:
         """Validate every this many batches (of the epoch, or of the run: see `check_val_every_n_epoch`);

@@ -93,6 +93,11 @@ class Trainer:
         gradient_clip_val: Clip gradients to this global norm; None: no clipping.
         accumulate_grad_batches: Average the gradients of this many batches per optimizer step.
         steps_per_execution: Batches run inside one compiled call (less Python overhead).
+        max_in_flight: The most compiled calls dispatched whose outputs are not read yet: with 2, the
+            next call is dispatched before the last one's outputs are read, so the device never waits for
+            the host; every step is still accounted, logged and saved exactly, in order. 1: each call is
+            read before the next. The loop keeps 1 where a callback's batch hook may read the weights,
+            under loss scaling and with manual optimization (see the guide's "max_in_flight").
         seed: Seeds python, numpy, keras and tensorflow (on JAX, only if already imported) at the start
             of `fit`, and the per-epoch shuffle of numpy data; None draws a shuffle seed and seeds nothing.
         fast_dev_run: True (or N) runs 1 (or N) training and validation batches, one epoch,
@@ -136,6 +141,7 @@ class Trainer:
         gradient_clip_val: float | None = None,
         accumulate_grad_batches: int = 1,
         steps_per_execution: int = 1,
+        max_in_flight: int = 2,
         seed: int | None = None,
         fast_dev_run: bool | int = False,
         default_root_dir: str = ".",
@@ -175,6 +181,7 @@ class Trainer:
         self.gradient_clip_val = gradient_clip_val
         self.accumulate_grad_batches = check_int("accumulate_grad_batches", accumulate_grad_batches, minimum=1)
         self.steps_per_execution = check_int("steps_per_execution", steps_per_execution, minimum=1)
+        self.max_in_flight = check_int("max_in_flight", max_in_flight, minimum=1)
         self.seed = check_int("seed", seed, minimum=0, allow_none=True)
         self.fast_dev_run = check_fast_dev_run(fast_dev_run)
         self.default_root_dir = check_path("default_root_dir", default_root_dir)

@@ -3,27 +3,64 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ktrainer.memory import process_peak, reset_process_peak
 from ktrainer.precision.advice import Accelerators
 
-__all__ = ["Engine", "Runner"]
+__all__ = ["Engine", "InFlight", "Runner"]
+
+
+class InFlight:
+    """A dispatched execution whose outputs have not been read yet.
+
+    Args:
+        read: Waits for the execution and returns its outputs (as `Runner.run` returns them); called once.
+    """
+
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self._read: Callable[[], dict[str, Any]] | None = read
+        self._outputs: dict[str, Any] | None = None
+
+    @classmethod
+    def done(cls, outputs: dict[str, Any]) -> InFlight:
+        """An execution whose outputs are already on the host."""
+        return cls(lambda: outputs)
+
+    def result(self) -> dict[str, Any]:
+        """The execution's outputs, waiting for them the first time."""
+        if self._read is not None:
+            self._outputs, self._read = self._read(), None
+        return self._outputs
 
 
 class Runner:
     """Runs a compiled step over up to N batches per call.
 
     `run` returns each output key's per-step values (numpy arrays of equal length; empty when the
-    iterator was already exhausted), so logging stays per step whatever N is.
+    iterator was already exhausted), so logging stays per step whatever N is. `dispatch` starts a
+    call and returns before its outputs are read, where the engine can (the loop then dispatches the
+    next call first); calls are read back in the order they were dispatched.
+
+    Attributes:
+        dispatches_ahead: Whether `dispatch` returns before the call's outputs are read (else a window of
+            calls in flight would change nothing but the order of hooks).
     """
+
+    dispatches_ahead = False
 
     def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0, *, ahead: int = 0) -> dict[str, Any]:
         """Run up to `num_steps` batches from `iterator` (fewer when it ends); `first_index` is the first
         batch's index in its epoch (the hooks' `batch_idx`); `ahead`: the most batches the next call may
         take, which a runner may read while this one runs (0: none)."""
         raise NotImplementedError
+
+    def dispatch(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0, *,
+                 ahead: int = 0) -> InFlight:
+        """Start `run`'s call and return it in flight (here: run to the end; an engine that dispatches
+        asynchronously returns before the outputs are read)."""
+        return InFlight.done(self.run(iterator, num_steps, first_index, ahead=ahead))
 
 
 class Engine:

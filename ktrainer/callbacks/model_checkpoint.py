@@ -193,13 +193,26 @@ class ModelCheckpoint(Callback):
             self._commit_floor = max([self._commit_floor, *committed])
 
     def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
-        """Save when a step or time trigger is due."""
+        """Save when a step or time trigger is due: as the loop decided when it dispatched this execution
+        (`trainer.state.planned_saves`), else now."""
+        planned = trainer.state.planned_saves
+        reason = planned[id(self)] if planned is not None and id(self) in planned else self.save_due(
+            trainer.global_step)
+        if reason is not None:
+            self.save(trainer, reason=reason)
+
+    def save_due(self, global_step: int) -> str | None:
+        """Why a batch end at `global_step` saves ("step", "time"), or None; the time trigger reads the clock now.
+
+        The loop asks when it dispatches an execution, before the one in flight is read back, so a
+        save is decided where the state it must see is still to be had (see `FitLoop`).
+        """
         every = self.every_n_train_steps
-        due_steps = every is not None and trainer.global_step // every > max(self._last_saved_step, 0) // every
-        due_time = self.train_time_interval is not None and (
-            time.monotonic() - self._last_time >= self.train_time_interval)
-        if due_steps or due_time:
-            self.save(trainer, reason="step" if due_steps else "time")
+        if every is not None and global_step // every > max(self._last_saved_step, 0) // every:
+            return "step"
+        if self.train_time_interval is not None and time.monotonic() - self._last_time >= self.train_time_interval:
+            return "time"
+        return None
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         """Save at the end of every `every_n_epochs`-th epoch."""

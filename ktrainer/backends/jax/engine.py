@@ -20,7 +20,7 @@ import keras
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ktrainer.backends.engine import Engine, Runner
+from ktrainer.backends.engine import Engine, InFlight, Runner
 from ktrainer.backends.jax.flops import matmul_flops
 from ktrainer.backends.jax.read_ahead import ReadAhead
 from ktrainer.backends.jax.train_step import JaxTrainStep, current_values, stateless_values, tracing_scope
@@ -39,9 +39,16 @@ def shape_spec(batch: Any) -> Any:
 
 def to_host(array: Any) -> np.ndarray:
     """A (replicated) global array as a numpy array, also when other processes hold part of its devices."""
-    if getattr(array, "is_fully_addressable", True):
-        return np.asarray(array)
-    return np.asarray(array.addressable_data(0))
+    return np.asarray(_local(array))
+
+
+def start_to_host(array: Any) -> None:
+    """Start copying what `to_host` will read to the host, without waiting for the array."""
+    _local(array).copy_to_host_async()
+
+
+def _local(array: Any) -> Any:
+    return array if getattr(array, "is_fully_addressable", True) else array.addressable_data(0)
 
 
 class JaxEngine(Engine):
@@ -222,6 +229,8 @@ class _TrainRunner(Runner):
     """The training step, jitted with the state donated: one batch per call, or N under `lax.scan`. While the
     device runs a call, the next call's batches are read and placed (read_ahead.py)."""
 
+    dispatches_ahead = True
+
     def __init__(self, engine: JaxEngine, step: JaxTrainStep, keys: list[str]) -> None:
         self.engine = engine
         self.step = step
@@ -229,6 +238,8 @@ class _TrainRunner(Runner):
         self._single = jax.jit(step, donate_argnums=0)
         self._scanned = jax.jit(self._scan, donate_argnums=0)
         self._ahead = ReadAhead(self._prepare)
+        self._live_small: tuple | None = None
+        self._in_flight = 0
 
     def _scan(self, big: tuple, small: tuple, batches: Any, first_index: Any) -> tuple[tuple, tuple, Any]:
         def body(carry: tuple, inputs: tuple) -> tuple[tuple, Any]:
@@ -251,11 +262,21 @@ class _TrainRunner(Runner):
     def run(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0, *,
             ahead: int = 0) -> dict[str, np.ndarray]:
         """Run up to `num_steps` batches, reading the next call's `ahead` meanwhile; returns every step's values."""
+        return self.dispatch(iterator, num_steps, first_index, ahead=ahead).result()
+
+    def dispatch(self, iterator: Iterator[Any], num_steps: int, first_index: int = 0, *,
+                 ahead: int = 0) -> InFlight:
+        """Dispatch up to `num_steps` batches and return at once (the device runs on): the outputs' copy to the
+        host is started, the next call's `ahead` batches are read, and the next call may be dispatched before
+        this one is read. Each call's small state (loss scales, metric values) reaches the variables when its
+        outputs are read, so the loop accounting a call sees that call's metric values."""
         batches, prepared = self._ahead.take(iterator, num_steps)
         if not batches:
-            return {key: np.zeros((0,), np.float32) for key in self.keys}
+            return InFlight.done({key: np.zeros((0,), np.float32) for key in self.keys})
         scanned, placed = prepared
         big, small = self.step.read_state()
+        if self._live_small is not None:  # the newest call in flight's, not yet in the variables
+            small = self._live_small
         if scanned:
             big, small, stacked = self._scanned(big, small, placed, np.int32(first_index))
             rows = [stacked]
@@ -265,13 +286,24 @@ class _TrainRunner(Runner):
                 big, small, row = self._single(big, small, batch, np.int32(first_index + offset))
                 rows.append(row)
         self.step.big = big
-        self.step.write_small(small)
+        self._live_small = small
+        self._in_flight += 1
+        for row in rows:
+            start_to_host(row)
         self._ahead.read(iterator, ahead)  # the host's work for the next call, while the device runs this one
-        values = to_host(rows[0]) if scanned else np.stack([to_host(row) for row in rows])  # no extra dispatch
-        outputs = dict(zip(self.step.keys, values.T, strict=True))
-        if self.engine.multi_process:
-            outputs[STOP] = self._agreed_stop(len(batches))
-        return outputs
+
+        def read() -> dict[str, np.ndarray]:
+            values = to_host(rows[0]) if scanned else np.stack([to_host(row) for row in rows])  # no extra dispatch
+            self._in_flight -= 1
+            self.step.write_small(small)
+            if self._in_flight == 0:
+                self._live_small = None
+            outputs = dict(zip(self.step.keys, values.T, strict=True))
+            if self.engine.multi_process:
+                outputs[STOP] = self._agreed_stop(len(batches))
+            return outputs
+
+        return InFlight(read)
 
     def _agreed_stop(self, count: int) -> np.ndarray:
         """Whether any process asked to stop, the same answer in every process (a global sum)."""

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ktrainer.backends.engine import InFlight, Runner
 from ktrainer.compat.keras_internals import with_unscaled_losses
 from ktrainer.hooks import call_step_hook, traced_batch_index
 from ktrainer.step_outputs import BATCH_SIZE, SAME_ON_EVERY_REPLICA
@@ -21,7 +22,7 @@ from ktrainer.step_outputs import BATCH_SIZE, SAME_ON_EVERY_REPLICA
 __all__ = ["CompiledSteps", "compile_predict_step", "discover_outputs"]
 
 
-class CompiledSteps:
+class CompiledSteps(Runner):
     """Runs a per-batch step function up to N times inside one compiled call.
 
     Args:
@@ -58,6 +59,10 @@ class CompiledSteps:
         Returns:
             Each key's per-step values (empty arrays when the iterator was already exhausted).
         """
+        return self.dispatch(iterator, num_steps, first_index, ahead=ahead).result()
+
+    def dispatch(self, iterator: Any, num_steps: int, first_index: int = 0, *, ahead: int = 0) -> InFlight:
+        """Call the compiled function and return before its outputs are copied to numpy (what `run` returns)."""
         if num_steps not in self._step_counts:
             self._step_counts[num_steps] = tf.constant(num_steps, tf.int32)
         count, start = self._step_counts[num_steps], tf.constant(first_index, tf.int64)
@@ -65,8 +70,8 @@ class CompiledSteps:
         # which costs more than a small model's step.
         if self._concrete is None:
             self._concrete = self._function.get_concrete_function(iterator, count, start)
-        values = self._concrete(iterator, count, start).numpy()
-        return dict(zip(self._keys, values, strict=True))
+        values = self._concrete(iterator, count, start)
+        return InFlight(lambda: dict(zip(self._keys, values.numpy(), strict=True)))
 
     def _run_steps(self, iterator: Any, num_steps: tf.Tensor, first_index: tf.Tensor) -> tf.Tensor:
         values = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=(len(self._keys),))
