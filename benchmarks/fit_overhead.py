@@ -8,10 +8,13 @@ with the same batch size and optimizer, in one process. Each runs `--epochs` epo
 three runs are repeated, interleaved, and the median of the repeats is reported.
 
     python benchmarks/fit_overhead.py [--backend tensorflow|jax] [--epochs 4] [--examples 16384]
-                                      [--batch-size 32] [--repeats 3]
+                                      [--batch-size 32] [--repeats 3] [--tf-dispatch-ahead]
 
 Prints steps/s of each and the ratios a/b (Trainer / Model.fit) and a/c (Trainer / hand loop)
-at steps_per_execution 1 and 16. Absolute numbers depend on the machine; compare the ratios.
+at steps_per_execution 1 and 16, and a1, the Trainer with `max_in_flight=1` (each call's outputs read
+before the next call is dispatched), with a/a1: what dispatching ahead gives. On TensorFlow the window
+is 1 whatever `max_in_flight` says; `--tf-dispatch-ahead` lets its runner dispatch ahead, to measure
+whether that would pay there. Absolute numbers depend on the machine; compare the ratios.
 """
 
 from __future__ import annotations
@@ -77,12 +80,17 @@ class KerasEpochTimes(keras.callbacks.Callback):
         self.times.append(time.perf_counter() - self._start)
 
 
-def run_trainer(data, args, spe) -> list[float]:
+def run_trainer(data, args, spe, max_in_flight: int = 2) -> list[float]:
     timer = EpochTimes()
     trainer = kt.Trainer(max_epochs=args.epochs, batch_size=args.batch_size, steps_per_execution=spe, seed=0,
-                         logger=False, enable_progress_bar=False, enable_checkpointing=False, callbacks=[timer])
+                         max_in_flight=max_in_flight, logger=False, enable_progress_bar=False,
+                         enable_checkpointing=False, callbacks=[timer])
     trainer.fit(BenchModule(), train_data=data)
     return timer.times
+
+
+def run_trainer_window_1(data, args, spe) -> list[float]:
+    return run_trainer(data, args, spe, max_in_flight=1)
 
 
 def run_keras_fit(data, args, spe) -> list[float]:
@@ -190,7 +198,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median is reported")
     parser.add_argument("--backend", choices=("tensorflow", "jax"), default="tensorflow")
+    parser.add_argument("--tf-dispatch-ahead", action="store_true",
+                        help="TensorFlow: let the runner dispatch ahead (window 2), which ktrainer does not do there")
     args = parser.parse_args()
+    if args.tf_dispatch_ahead and BACKEND == "tensorflow":
+        from ktrainer.backends.tensorflow.steps import CompiledSteps
+
+        CompiledSteps.dispatches_ahead = True
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.examples, 20)).astype(np.float32)
     data = (x, x[:, :3].argmax(axis=1).astype(np.int32))
@@ -200,14 +214,16 @@ def main() -> None:
           f"{BACKEND} {engine.__version__}, keras {keras.__version__}")
     print(f"{steps} steps/epoch of batch {args.batch_size}; median of epochs 2..{args.epochs}, "
           f"median of {args.repeats} interleaved repeats")
-    print(f"{'spe':>4} {'a: Trainer':>12} {'b: Model.fit':>13} {'c: hand loop':>13} {'a/b':>6} {'a/c':>6}")
+    print(f"{'spe':>4} {'a: Trainer':>12} {'a1: window 1':>13} {'b: Model.fit':>13} {'c: hand loop':>13} "
+          f"{'a/b':>6} {'a1/b':>6} {'a/a1':>6} {'a/c':>6}")
     for spe in (1, 16):
-        rates = {run: [] for run in (run_trainer, run_keras_fit, run_hand_loop)}
-        for _ in range(args.repeats):  # interleaved, so a noisy neighbour hits all three alike
+        rates = {run: [] for run in (run_trainer, run_trainer_window_1, run_keras_fit, run_hand_loop)}
+        for _ in range(args.repeats):  # interleaved, so a noisy neighbour hits all four alike
             for run, found in rates.items():
                 found.append(steps_per_second(run(data, args, spe), steps))
-        a, b, c = (statistics.median(found) for found in rates.values())
-        print(f"{spe:>4} {a:>12.1f} {b:>13.1f} {c:>13.1f} {a / b:>6.2f} {a / c:>6.2f}", flush=True)
+        a, a1, b, c = (statistics.median(found) for found in rates.values())
+        print(f"{spe:>4} {a:>12.1f} {a1:>13.1f} {b:>13.1f} {c:>13.1f} "
+              f"{a / b:>6.2f} {a1 / b:>6.2f} {a / a1:>6.2f} {a / c:>6.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,14 @@
 
     KERAS_BACKEND=jax python benchmarks/gpu_check.py [--tiny] [--budget SECONDS]
 
+Against Keras `fit`, for 32-true and bf16-mixed at 1 and 16 (`--tiny`: 4) steps per call: the Trainer with
+`max_in_flight=1` and with its default window against `fit` with no callbacks; and a real run's callbacks,
+`fit` with `keras.callbacks.ModelCheckpoint(save_freq=64)` and `keras.callbacks.TensorBoard(update_freq=1)`
+against the Trainer with a `ModelCheckpoint(every_n_train_steps=64)` and its TensorBoard logger every step
+(`--tiny`: every 8 steps).
+Without TensorFlow (Keras's TensorBoard callback writes through `tf.summary`), `fit`'s TensorBoard is a Keras
+callback that reads every step's logs in `on_train_batch_end` and writes them with ktrainer's event writer.
+
 A compute-bound MLP: 256 input features, 4 gelu layers of width 8192, batch 1024, Adam. A step is about
 1.25 TFLOP against 1 MB of input, so the matrix products set the pace, not the host feeding the batches.
 `--tiny` (width 64, batch 16) runs the script on a CPU. Each measurement runs on its own: one that fails
@@ -74,23 +82,64 @@ def steps_per_epoch(data: tuple, args: argparse.Namespace) -> int:
     return len(data[0]) // args.batch
 
 
-def trainer_rate(data, args, precision: str, spe: int, root: str,
-                 monitored: bool = True) -> tuple[float, float | None]:
+def trainer_rate(data, args, precision: str, spe: int, root: str, monitored: bool = True,
+                 max_in_flight: int = 2, like_a_run: bool = False) -> tuple[float, float | None]:
     """Trainer steps/s (median over the epochs after the first) and the epoch's MFU it logged; `monitored`: with
-    a ThroughputMonitor and a CSVLogger (else neither, and no MFU)."""
+    a ThroughputMonitor and a CSVLogger (else neither, and no MFU); `like_a_run`: instead, a checkpoint every
+    `args.save_every` steps and TensorBoard logging every step."""
     clock = Clock()
+    if like_a_run:
+        logger, callbacks = kt.loggers.TensorBoardLogger(root), [clock, kt.callbacks.ModelCheckpoint(
+            every_n_train_steps=args.save_every)]
+    else:
+        logger = kt.loggers.CSVLogger(root) if monitored else False
+        callbacks = [clock, kt.callbacks.ThroughputMonitor()] if monitored else [clock]
     trainer = kt.Trainer(max_epochs=args.epochs, batch_size=args.batch, precision=precision, seed=0,
-                         steps_per_execution=spe, enable_progress_bar=False, enable_checkpointing=False,
-                         logger=kt.loggers.CSVLogger(root) if monitored else False,
-                         callbacks=[clock, kt.callbacks.ThroughputMonitor()] if monitored else [clock],
-                         default_root_dir=root)
+                         steps_per_execution=spe, max_in_flight=max_in_flight, enable_progress_bar=False,
+                         enable_checkpointing=like_a_run, logger=logger, callbacks=callbacks,
+                         log_every_n_steps=1 if like_a_run else 50, default_root_dir=root)
     trainer.fit(MLP(args.features, args.width, args.depth), data)
     mfu = trainer.callback_metrics.get("perf/mfu_epoch")
     return steps_per_epoch(data, args) / statistics.median(clock.epoch_times[1:]), None if mfu is None else float(mfu)
 
 
-def fit_rate(data, args, policy: str, spe: int) -> float:
-    """Keras `model.fit` steps/s on the same model, data and batch (median over the epochs after the first)."""
+class StepEvents(keras.callbacks.Callback):
+    """What `keras.callbacks.TensorBoard(update_freq=1)` does each step where TensorFlow is missing: read the
+    step's logs on the host in `on_train_batch_end` and write them to an event file."""
+
+    def __init__(self, directory: str):
+        super().__init__()
+        from ktrainer.loggers.event_file import EventFile
+
+        self.events, self.step = EventFile(directory), 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+
+        self.step += 1
+        for name, value in (logs or {}).items():
+            self.events.add_event(Event(wall_time=time.time(), step=self.step,
+                                        summary=scalar_pb(f"batch_{name}", float(value))))
+
+    def on_train_end(self, logs=None):
+        self.events.close()
+
+
+def run_callbacks(root: str, save_every: int) -> list[keras.callbacks.Callback]:
+    """A real run's callbacks for `fit`: a checkpoint every `save_every` steps, TensorBoard every step."""
+    try:
+        import tensorflow  # noqa: F401 - Keras's TensorBoard callback needs it
+
+        board = keras.callbacks.TensorBoard(f"{root}/tensorboard", update_freq=1)
+    except ImportError:
+        board = StepEvents(f"{root}/tensorboard")
+    return [keras.callbacks.ModelCheckpoint(f"{root}/model.keras", save_freq=save_every), board]
+
+
+def fit_rate(data, args, policy: str, spe: int, callbacks: list | None = None) -> float:
+    """Keras `model.fit` steps/s on the same model, data and batch (median over the epochs after the first),
+    with `callbacks` or none."""
     keras.config.set_dtype_policy(policy)
     keras.utils.set_random_seed(0)
     model = make_model(args.features, args.width, args.depth)
@@ -106,7 +155,8 @@ def fit_rate(data, args, policy: str, spe: int) -> float:
         def on_epoch_end(self, epoch, logs=None):
             times.append(time.perf_counter() - self.start)
 
-    model.fit(*data, batch_size=args.batch, epochs=args.epochs, verbose=0, callbacks=[Times()], shuffle=True)
+    model.fit(*data, batch_size=args.batch, epochs=args.epochs, verbose=0, callbacks=[Times(), *(callbacks or [])],
+              shuffle=True)
     return steps_per_epoch(data, args) / statistics.median(times[1:])
 
 
@@ -183,9 +233,10 @@ def resume_check(data, args, root: str) -> dict:
             "async_snapshot_resume_max_difference": difference(straight, from_async)}
 
 
-SIZES = {  # features, width, depth, batch, steps per epoch, epochs, steps_per_execution, checkpoint GB, resume width
-    "full": (256, 8192, 4, 1024, 64, 6, 16, 1.0, 4096),
-    "tiny": (32, 64, 2, 16, 16, 3, 4, 0.01, 64),
+SIZES = {  # features, width, depth, batch, steps per epoch, epochs, steps_per_execution, checkpoint GB, resume width,
+    # steps between checkpoints in the runs with a real run's callbacks
+    "full": (256, 8192, 4, 1024, 64, 6, 16, 1.0, 4096, 64),
+    "tiny": (32, 64, 2, 16, 16, 3, 4, 0.01, 64, 8),
 }
 
 
@@ -217,7 +268,7 @@ def main() -> None:
                         help="seconds after which the optional measurements are skipped (default 300)")
     args = parser.parse_args()
     (args.features, args.width, args.depth, args.batch, steps, args.epochs, args.spe, args.checkpoint_gb,
-     args.resume_width) = SIZES["tiny" if args.tiny else "full"]
+     args.resume_width, args.save_every) = SIZES["tiny" if args.tiny else "full"]
     device = jax.devices()[0]
     print(f"machine: {platform.machine()}, {device.platform} {device.device_kind} x {jax.device_count()}, "
           f"python {platform.python_version()}, jax {jax.__version__}, keras {keras.__version__}", flush=True)
@@ -234,13 +285,33 @@ def main() -> None:
         summary[f"trainer_{precision}_spe{spe}_steps_per_s"], summary[f"mfu_{precision}_spe{spe}"] = rate, mfu
         print(f"Trainer {precision}, steps_per_execution {spe}: {rate:.1f} steps/s, MFU {mfu}", flush=True)
 
+    def window_1_rate(precision: str, spe: int) -> None:
+        rate = trainer_rate(data, args, precision, spe, f"{root}/{precision}-{spe}-window-1", max_in_flight=1)[0]
+        summary[f"trainer_window1_{precision}_spe{spe}_steps_per_s"] = rate
+        print(f"Trainer {precision}, steps_per_execution {spe}, max_in_flight=1: {rate:.1f} steps/s", flush=True)
+
     def against_fit(precision: str, policy: str, spe: int) -> None:
         rate = fit_rate(data, args, policy, spe)
         summary[f"fit_{precision}_spe{spe}_steps_per_s"] = rate
-        ratio = summary[f"trainer_{precision}_spe{spe}_steps_per_s"] / rate
-        summary[f"trainer_over_fit_{precision}_spe{spe}"] = ratio
-        print(f"Keras fit {policy}, steps_per_execution {spe}: {rate:.1f} steps/s; Trainer/fit {ratio:.2f}",
-              flush=True)
+        ratios = {window: summary[f"trainer{key}_{precision}_spe{spe}_steps_per_s"] / rate
+                  for window, key in (("default", ""), ("1", "_window1"))
+                  if f"trainer{key}_{precision}_spe{spe}_steps_per_s" in summary}
+        for window, ratio in ratios.items():
+            summary[f"trainer_over_fit_{precision}_spe{spe}" + ("" if window == "default" else "_window1")] = ratio
+        print(f"Keras fit {policy}, steps_per_execution {spe}, no callbacks: {rate:.1f} steps/s; Trainer/fit "
+              + ", ".join(f"{ratio:.2f} (window {window})" for window, ratio in ratios.items()), flush=True)
+
+    def like_a_run(precision: str, policy: str, spe: int) -> None:
+        where = f"{root}/{precision}-{spe}-like-a-run"
+        ours = trainer_rate(data, args, precision, spe, f"{where}/trainer", like_a_run=True)[0]
+        theirs = fit_rate(data, args, policy, spe, callbacks=run_callbacks(f"{where}/fit", args.save_every))
+        shutil.rmtree(where, ignore_errors=True)  # the checkpoints of a big model fill the disk
+        summary[f"trainer_run_{precision}_spe{spe}_steps_per_s"] = ours
+        summary[f"fit_run_{precision}_spe{spe}_steps_per_s"] = theirs
+        summary[f"trainer_over_fit_run_{precision}_spe{spe}"] = ours / theirs
+        print(f"with a checkpoint every {args.save_every} steps and TensorBoard every step, {precision}, "
+              f"steps_per_execution {spe}: Trainer {ours:.1f} steps/s, Keras fit {theirs:.1f}; Trainer/fit "
+              f"{ours / theirs:.2f}", flush=True)
 
     def resume() -> None:
         summary.update(resume_check(data, args, f"{root}/resume"))
@@ -255,23 +326,32 @@ def main() -> None:
               f"built and loaded) {summary['restore_s']:.2f} s; weights equal {summary['restored_weights_equal']}",
               flush=True)
 
+    against = (("32-true", "float32"), ("bf16-mixed", "mixed_bfloat16"))
     try:
-        for precision in ("32-true", "16-mixed", "bf16-mixed"):
-            sections.run(f"Trainer {precision}", lambda p=precision: precision_rate(p, args.spe))
         spe = args.spe
+        for precision in ("32-true", "16-mixed", "bf16-mixed"):
+            sections.run(f"Trainer {precision}", lambda p=precision: precision_rate(p, spe))
         if f"trainer_bf16-mixed_spe{spe}_steps_per_s" in summary and f"trainer_32-true_spe{spe}_steps_per_s" in summary:
             summary["bf16_over_32"] = (summary[f"trainer_bf16-mixed_spe{spe}_steps_per_s"]
                                        / summary[f"trainer_32-true_spe{spe}_steps_per_s"])
             print(f"bf16-mixed / 32-true: {summary['bf16_over_32']:.2f}", flush=True)
-        for precision, policy in (("32-true", "float32"), ("bf16-mixed", "mixed_bfloat16")):
+        for precision, policy in against:
+            sections.run(f"Trainer {precision}, max_in_flight=1", lambda p=precision: window_1_rate(p, spe))
             sections.run(f"Keras fit {policy}", lambda p=precision, q=policy: against_fit(p, q, spe))
         sections.run("exact resume", resume)
         sections.run("checkpoint", checkpoint)
-        sections.run("Trainer bf16-mixed, steps_per_execution 1", lambda: precision_rate("bf16-mixed", 1),
-                     optional=True)
-        if "trainer_bf16-mixed_spe1_steps_per_s" in summary:
-            sections.run("Keras fit mixed_bfloat16, steps_per_execution 1",
-                         lambda: against_fit("bf16-mixed", "mixed_bfloat16", 1), optional=True)
+        for precision, policy in against:
+            sections.run(f"like a run, {precision}", lambda p=precision, q=policy: like_a_run(p, q, spe),
+                         optional=True)
+        for precision, policy in reversed(against):  # bf16 first: the pair the goals name
+            sections.run(f"Trainer {precision}, steps_per_execution 1", lambda p=precision: precision_rate(p, 1),
+                         optional=True)
+            sections.run(f"Trainer {precision}, steps_per_execution 1, max_in_flight=1",
+                         lambda p=precision: window_1_rate(p, 1), optional=True)
+            sections.run(f"Keras fit {policy}, steps_per_execution 1",
+                         lambda p=precision, q=policy: against_fit(p, q, 1), optional=True)
+            sections.run(f"like a run, {precision}, steps_per_execution 1",
+                         lambda p=precision, q=policy: like_a_run(p, q, 1), optional=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     summary["errors"] = sections.errors
