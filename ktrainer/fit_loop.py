@@ -136,8 +136,7 @@ class FitLoop:
                     try:
                         dispatched = self._dispatch(iterator, flight[-1].after if flight else progress)
                     except Exception:  # the data failed: the steps before it are trained, accounted as without a window
-                        while flight:
-                            self._finish(flight.popleft(), metrics, flight)
+                        self._drain(flight, metrics)
                         raise
                     if dispatched is not None:
                         flight.append(dispatched)
@@ -147,12 +146,16 @@ class FitLoop:
                     return self._epoch_counted_out()
                 ended = self._finish(flight.popleft(), metrics, flight)
                 if ended is not None:
-                    while flight:  # dispatched before the stop was known: trained, so accounted
-                        self._finish(flight.popleft(), metrics, flight)
+                    self._drain(flight, metrics)  # dispatched before the stop was known: trained, so accounted
                     return ended or self._epoch_counted_out()
         except BaseException:
             _abandon(flight)
             raise
+
+    def _drain(self, flight: deque[_Dispatched], metrics: EpochMetrics) -> None:
+        """Read back and account every execution still in flight, oldest first."""
+        while flight:
+            self._finish(flight.popleft(), metrics, flight)
 
     def _may_dispatch(self, flight: deque[_Dispatched]) -> bool:
         if self.trainer.should_stop or self._stop_voted or (flight and flight[-1].drain_after):
@@ -173,7 +176,7 @@ class FitLoop:
         after = schedule.progress_after(planned, num_steps)
         ahead = schedule.batches_after(planned, num_steps)
         saves = {id(callback): callback.save_due(after.global_step) for callback in self.checkpoints}
-        drain = (self.window == 1 or ahead == 0 or any(reason is not None for reason in saves.values())
+        drain = (ahead == 0 or any(reason is not None for reason in saves.values())
                  or (self.val is not None and schedule.validates_within_epoch(after)))
         call = self.train_runner.dispatch(iterator, num_steps, planned.batch_in_epoch, ahead=ahead)
         return _Dispatched(call, num_steps, planned.batch_in_epoch, after, after.global_step - planned.global_step,
