@@ -30,7 +30,7 @@ from ktrainer.preemption import Preempted, SignalWatcher
 from ktrainer.progress import Progress
 from ktrainer.reporting import call_hook
 from ktrainer.run_summary import stop_line, stop_reason
-from ktrainer.step_outputs import APPLIED, LOSS_SCALE, SKIPPED, STOP
+from ktrainer.step_outputs import APPLIED, CLOCK, LOSS_SCALE, SKIPPED, STOP
 
 __all__ = ["FitLoop", "save_checkpoints_now", "SKIPPED_STEPS"]
 
@@ -171,11 +171,14 @@ class FitLoop:
             return None
         if self.window == 1:
             self._call("on_train_batch_start", planned.batch_in_epoch)
-        if trainer.engine.multi_process and self.signals.received is not None:
-            trainer.engine.request_stop(self.train_step)  # every process learns it from this execution's all-reduce
+        if trainer.engine.multi_process:
+            if self.signals.received is not None:
+                trainer.engine.request_stop(self.train_step)  # every process learns it from this execution's all-reduce
+            trainer.engine.share_clock(self.train_step, trainer.clock.local())  # the chief's comes back to all
         after = schedule.progress_after(planned, num_steps)
         ahead = schedule.batches_after(planned, num_steps)
-        saves = {id(callback): callback.save_due(after.global_step) for callback in self.checkpoints}
+        now = trainer.clock.now()  # with several processes the chief's, as of the last execution read back
+        saves = {id(callback): callback.save_due(after.global_step, now) for callback in self.checkpoints}
         drain = (ahead == 0 or any(reason is not None for reason in saves.values())
                  or (self.val is not None and schedule.validates_within_epoch(after)))
         call = self.train_runner.dispatch(iterator, num_steps, planned.batch_in_epoch, ahead=ahead)
@@ -206,8 +209,9 @@ class FitLoop:
             self._call("on_train_batch_end", step_metrics, progress.batch_in_epoch - 1)
         finally:
             trainer.state.planned_saves = None
-        if trainer.engine.multi_process and outputs[STOP][-1] > 0:
-            self._stop_voted = True
+        if trainer.engine.multi_process:
+            trainer.clock.agree(outputs[CLOCK][-1])
+            self._stop_voted = self._stop_voted or outputs[STOP][-1] > 0
         if not flight:  # the state is at this step: a preemption can be saved here
             self._check_for_preemption(outputs)
         if due:

@@ -9,12 +9,12 @@ import numpy as np
 
 from ktrainer.module import LogOptions
 from ktrainer.progress import RunningSums
-from ktrainer.step_outputs import APPLIED, BATCH_SIZE, SKIPPED, STOP
+from ktrainer.step_outputs import APPLIED, BATCH_SIZE, CLOCK, SKIPPED, STOP
 
 __all__ = ["EpochMetrics", "metric_names", "metric_objects", "metric_object_values", "reset_metric_objects",
            "hook_values"]
 
-_PRIVATE = (BATCH_SIZE, APPLIED, SKIPPED, STOP)
+_PRIVATE = (BATCH_SIZE, APPLIED, SKIPPED, STOP, CLOCK)
 
 
 def metric_names(name: str, options: LogOptions) -> tuple[str | None, str | None]:

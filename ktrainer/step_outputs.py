@@ -3,7 +3,8 @@
 A step returns a flat dict of float32 scalars: the loss and what the module logged, plus
 `_batch_size` (examples in the batch) and, for training, `_applied` (1.0 when the batch completed
 an optimizer step), `_skipped` (1.0 when that step was skipped for non-finite gradients) and, in
-multi-process runs, `_stop` (> 0 when any process received a preemption signal, the same on all).
+multi-process runs, `_stop` (> 0 when any process received a preemption signal, the same on all) and
+`_clock` (the chief's seconds since the fit started: the run's one clock, see run_clock.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import keras
 
 from ktrainer.hooks import call_step_hook, loss_from_return
 
-__all__ = ["BATCH_SIZE", "APPLIED", "SKIPPED", "LOSS_SCALE", "STOP", "SAME_ON_EVERY_REPLICA", "batch_size_of",
+__all__ = ["BATCH_SIZE", "APPLIED", "SKIPPED", "LOSS_SCALE", "STOP", "CLOCK", "SAME_ON_EVERY_REPLICA", "batch_size_of",
            "scalar_logs", "check_loss", "with_model_losses", "EvalStep"]
 
 BATCH_SIZE = "_batch_size"
@@ -22,7 +23,8 @@ APPLIED = "_applied"
 SKIPPED = "_skipped"
 LOSS_SCALE = "precision/loss_scale"
 STOP = "_stop"
-SAME_ON_EVERY_REPLICA = (APPLIED, SKIPPED, LOSS_SCALE, STOP)
+CLOCK = "_clock"
+SAME_ON_EVERY_REPLICA = (APPLIED, SKIPPED, LOSS_SCALE, STOP, CLOCK)
 
 
 def batch_size_of(batch: Any) -> Any:

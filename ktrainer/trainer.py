@@ -47,6 +47,7 @@ from ktrainer.preemption import DEFAULT_SIGNALS, SignalWatcher, check_signals
 from ktrainer.progress import Progress, draw_seed
 from ktrainer.reporting import Reporter, call_hook
 from ktrainer.run import RunIdentity
+from ktrainer.run_clock import RunClock
 from ktrainer.run_summary import fit_summary
 from ktrainer.saving import save_checkpoint_at
 from ktrainer.schedule import Schedule, check_validation_rhythm
@@ -207,6 +208,7 @@ class Trainer:
         self.progress = Progress(shuffle_seed=self.seed if self.seed is not None else draw_seed())
         self.schedule: Schedule | None = None  # when fit validates, logs and stops; made by fit
         self.run = RunIdentity()
+        self.clock = RunClock()  # what time-triggered decisions read; each fit starts its own
         self.should_stop = False
         self.stop_reason: str | None = None  # why a callback set should_stop, for the end-of-fit line
         self.num_training_batches: int | None = None
@@ -422,6 +424,7 @@ class Trainer:
             log.warning("Neither max_epochs nor max_steps is set: training stops after max_epochs=%d. Set one of "
                         "them to say when the run ends.", _DEFAULT_MAX_EPOCHS)
         self.run = RunIdentity()
+        self.clock = RunClock(shared=self.engine.multi_process)
         self.history = History()
         with self._run("fit", module), SignalWatcher(self.preemption_signals) as signals:
             resumed = find_checkpoint(ckpt_path, self.checkpoint_dir, self.storage_options) if ckpt_path else None

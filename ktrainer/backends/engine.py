@@ -163,3 +163,7 @@ class Engine:
     def request_stop(self, step: Any) -> None:
         """Tell the other processes, through the next step, that this one wants to stop (preemption)."""
 
+    def share_clock(self, step: Any, seconds: float) -> None:
+        """Several processes: give this process's clock (seconds since the fit started) to the next execution,
+        which returns the chief's to every process as `CLOCK` (run_clock.py)."""
+

@@ -167,7 +167,7 @@ class ModelCheckpoint(Callback):
         store = FsspecCheckpointIO(self.location, verify=self.verify, verify_checksums=self.verify_checksums,
                                    fsync=self.fsync)
         self.io = AsyncCheckpointIO(store) if self.async_save else store
-        self._last_time = time.monotonic()
+        self._last_time = self._now()
         self._saves = 0
         self.resumed_from = None
 
@@ -197,22 +197,30 @@ class ModelCheckpoint(Callback):
         (`trainer.state.planned_saves`), else now."""
         planned = trainer.state.planned_saves
         reason = planned[id(self)] if planned is not None and id(self) in planned else self.save_due(
-            trainer.global_step)
+            trainer.global_step, trainer.clock.now())
         if reason is not None:
             self.save(trainer, reason=reason)
 
-    def save_due(self, global_step: int) -> str | None:
-        """Why a batch end at `global_step` saves ("step", "time"), or None; the time trigger reads the clock now.
+    def save_due(self, global_step: int, now: float | None = None) -> str | None:
+        """Why a batch end at `global_step` saves ("step", "time"), or None.
 
         The loop asks when it dispatches an execution, before the one in flight is read back, so a
-        save is decided where the state it must see is still to be had (see `FitLoop`).
+        save is decided where the state it must see is still to be had (see `FitLoop`). `now`: the
+        run's clock (`trainer.clock.now()`, the chief's with several processes, so every process
+        decides alike); None reads it here.
         """
         every = self.every_n_train_steps
         if every is not None and global_step // every > max(self._last_saved_step, 0) // every:
             return "step"
-        if self.train_time_interval is not None and time.monotonic() - self._last_time >= self.train_time_interval:
+        if self.train_time_interval is not None and (
+                (self._now() if now is None else now) - self._last_time >= self.train_time_interval):
             return "time"
         return None
+
+    def _now(self) -> float:
+        """The run's clock (the Trainer's, shared by its processes); this process's before a Trainer set it up."""
+        clock = getattr(self._trainer, "clock", None)
+        return time.monotonic() if clock is None else clock.now()
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         """Save at the end of every `every_n_epochs`-th epoch."""
@@ -285,7 +293,7 @@ class ModelCheckpoint(Callback):
         step, name = trainer.global_step, checkpoint_name(trainer.global_step)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if math.isfinite(v)}
         before = (self._last_saved_step, self._last_saved_position, self.best_value, self.best_model_path)
-        self._last_saved_step, self._last_time, self._last_saved_position = step, time.monotonic(), position
+        self._last_saved_step, self._last_time, self._last_saved_position = step, self._now(), position
         new_best = self._note_metric(metrics)
         url = f"{self.io.url}/{name}"
         if new_best and (self.save_top_k >= 1 or self.max_to_keep is None):  # retention keeps it

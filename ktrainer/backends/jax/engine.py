@@ -27,7 +27,7 @@ from ktrainer.backends.jax.train_step import JaxTrainStep, current_values, state
 from ktrainer.hooks import call_step_hook, traced_batch_index
 from ktrainer.metrics import metric_objects
 from ktrainer.precision.advice import Accelerators
-from ktrainer.step_outputs import STOP, EvalStep
+from ktrainer.step_outputs import CLOCK, STOP, EvalStep
 
 __all__ = ["JaxEngine", "compute_capability", "shape_spec", "to_host"]
 
@@ -62,6 +62,7 @@ class JaxEngine(Engine):
         self._mesh: jax.sharding.Mesh | None = None
         self._step: JaxTrainStep | None = None
         self._stop_requested = False
+        self._clock_seconds = 0.0  # this process's clock for the next execution (the chief's is agreed on)
 
     def start(self) -> None:
         """Make the distribution over the plan's devices (once)."""
@@ -140,6 +141,7 @@ class JaxEngine(Engine):
         self._step = JaxTrainStep(module, optimizers, configured, precision, gradient_clip_val=gradient_clip_val,
                                   accumulate_grad_batches=accumulate_grad_batches)
         self._stop_requested = False
+        self._clock_seconds = 0.0
         return self._step
 
     def prepare_train_step(self, step: JaxTrainStep, source: Any) -> list[str]:
@@ -151,7 +153,7 @@ class JaxEngine(Engine):
         with self.scope():
             step.build()
         step.keys = step.output_keys(list(logs))
-        return step.keys + ([STOP] if self.multi_process else [])
+        return step.keys + ([STOP, CLOCK] if self.multi_process else [])
 
     def train_runner(self, step: JaxTrainStep, keys: list[str]) -> Runner:
         """Runs the step one batch per call, or N batches per call under `lax.scan`."""
@@ -224,6 +226,10 @@ class JaxEngine(Engine):
         """Give a stop request to the next step's all-process reduction."""
         self._stop_requested = True
 
+    def share_clock(self, step: Any, seconds: float) -> None:
+        """Give this process's clock to the next execution's all-process gather (the chief's is kept)."""
+        self._clock_seconds = seconds
+
 
 class _TrainRunner(Runner):
     """The training step, jitted with the state donated: one batch per call, or N under `lax.scan`. While the
@@ -291,6 +297,7 @@ class _TrainRunner(Runner):
         for row in rows:
             start_to_host(row)
         self._ahead.read(iterator, ahead)  # the host's work for the next call, while the device runs this one
+        clock = self.engine._clock_seconds
 
         def read() -> dict[str, np.ndarray]:
             values = to_host(rows[0]) if scanned else np.stack([to_host(row) for row in rows])  # no extra dispatch
@@ -300,17 +307,19 @@ class _TrainRunner(Runner):
                 self._live_small = None
             outputs = dict(zip(self.step.keys, values.T, strict=True))
             if self.engine.multi_process:
-                outputs[STOP] = self._agreed_stop(len(batches))
+                outputs.update(self._agreed_values(len(batches), clock))
             return outputs
 
         return InFlight(read)
 
-    def _agreed_stop(self, count: int) -> np.ndarray:
-        """Whether any process asked to stop, the same answer in every process (a global sum)."""
+    def _agreed_values(self, count: int, clock: float) -> dict[str, np.ndarray]:
+        """Whether any process asked to stop, and the chief's clock: the same answers in every process."""
         from jax.experimental import multihost_utils
 
-        votes = multihost_utils.process_allgather(np.float32(self.engine._stop_requested))
-        return np.full((count,), float(np.sum(votes)), np.float32)
+        mine = np.array([float(self.engine._stop_requested), clock], np.float32)
+        votes = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 2)  # one row per process
+        return {STOP: np.full((count,), float(votes[:, 0].max()), np.float32),
+                CLOCK: np.full((count,), float(votes[0, 1]), np.float32)}
 
 
 class _EvalRunner(Runner):

@@ -62,11 +62,11 @@ class TensorFlowEngine(Engine):
 
     def train_step(self, module: Any, optimizers: list, configured: list, precision: Any, *,
                    gradient_clip_val: float | None, accumulate_grad_batches: int) -> TrainStep:
-        """A `TrainStep`; with several workers it carries the stop flag they agree on."""
-        stop_flag = tf.Variable(0.0, trainable=False) if self.multi_process else None
+        """A `TrainStep`; with several workers it carries the stop flag and the chief's clock they agree on."""
+        shared = [tf.Variable(0.0, trainable=False) for _ in range(2)] if self.multi_process else [None, None]
         return TrainStep(module, optimizers, configured, precision, self.strategy,
                          gradient_clip_val=gradient_clip_val, accumulate_grad_batches=accumulate_grad_batches,
-                         stop_flag=stop_flag)
+                         stop_flag=shared[0], clock=shared[1])
 
     def prepare_train_step(self, step: TrainStep, source: Any) -> list[str]:
         """Trace `step.forward` on the data's spec (inside the scope), then build the step's variables."""
@@ -112,3 +112,8 @@ class TensorFlowEngine(Engine):
         """Set this worker's stop flag: every worker reads the sum in the next execution's all-reduce."""
         if step.stop_flag is not None:
             step.stop_flag.assign(1.0)
+
+    def share_clock(self, step: TrainStep, seconds: float) -> None:
+        """The chief sets its clock for the next execution's all-reduce (the other workers' stays 0)."""
+        if step.clock is not None and self.plan.is_chief:
+            step.clock.assign(seconds)

@@ -36,6 +36,7 @@ from ktrainer.precision.loss_scale import scale_gradient
 from ktrainer.step_outputs import (
     APPLIED,
     BATCH_SIZE,
+    CLOCK,
     LOSS_SCALE,
     SKIPPED,
     STOP,
@@ -224,11 +225,14 @@ class TrainStep:
         stop_flag: A variable local to this worker, > 0 once it wants to stop (a preemption
             signal); when given, every step returns its sum over all workers as `_stop`, so all
             workers decide to stop after the same step. None in single-process runs.
+        clock: With `stop_flag`, a variable local to this worker: the chief's seconds since the fit started
+            (set before each execution), 0 on the other workers; every step returns the value of the
+            workers' first replica (the chief's) as `_clock`, the run's one clock (run_clock.py).
     """
 
     def __init__(self, module: Any, optimizers: Sequence[Any], configured: Sequence[Any], precision: Any,
                  strategy: tf.distribute.Strategy, *, gradient_clip_val: float | None, accumulate_grad_batches: int,
-                 stop_flag: tf.Variable | None = None) -> None:
+                 stop_flag: tf.Variable | None = None, clock: tf.Variable | None = None) -> None:
         self.module = module
         self.optimizers = list(optimizers)
         self.configured = list(configured)
@@ -237,6 +241,7 @@ class TrainStep:
         self.clip = gradient_clip_val
         self.accumulate = accumulate_grad_batches
         self.stop_flag = stop_flag
+        self.clock = clock
         self.automatic = getattr(module, "automatic_optimization", True)
         self.rules: list[UpdateRule] = []
         self._rule_of: dict[tuple, UpdateRule] = {}
@@ -279,7 +284,7 @@ class TrainStep:
         finally:
             self._replica.discovering = False
         flag = tf.constant(0.0)
-        stop = {STOP: flag} if self.stop_flag is not None else {}
+        stop = {STOP: flag, CLOCK: flag} if self.stop_flag is not None else {}
         return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: flag, SKIPPED: flag,
                 **stop}
 
@@ -301,7 +306,7 @@ class TrainStep:
             raise ValueError(NO_UPDATE)
         applied = tf.reduce_max(tf.stack([a for a, _ in flags]))
         skipped = tf.reduce_max(tf.stack([s for _, s in flags]))
-        stop = {STOP: self._any_worker_stops()} if self.stop_flag is not None else {}
+        stop = self._agreed_values() if self.stop_flag is not None else {}
         return {**logs, **self._precision_logs(), BATCH_SIZE: batch_size_of(batch), APPLIED: applied,
                 SKIPPED: skipped, **stop}
 
@@ -342,10 +347,18 @@ class TrainStep:
             module.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
         return scalar_logs(module._take_logged(), "training_step")
 
-    def _any_worker_stops(self) -> tf.Tensor:
-        # The flag lives outside the strategy, one per worker: read it here, on this replica's device.
-        local = tf.identity(tf.cast(self.stop_flag.read_value(), tf.float32))
-        return _all_reduce_sum([local])[0]
+    def _agreed_values(self) -> dict[str, tf.Tensor]:
+        """The stop vote (> 0 when any worker wants to stop) and the chief's clock, the same on every worker."""
+        # The variables live outside the strategy, one per worker: read them here, on this replica's device.
+        stop, clock = (tf.identity(tf.cast(variable.read_value(), tf.float32)) for variable in (self.stop_flag,
+                                                                                                  self.clock))
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return {STOP: stop, CLOCK: clock}
+        # Strategies reduce by SUM or MEAN only: the clock counts once, from the first replica (the chief's).
+        first = tf.cast(tf.equal(context.replica_id_in_sync_group, 0), tf.float32)
+        stop, clock = context.all_reduce(tf.distribute.ReduceOp.SUM, [stop, clock * first])
+        return {STOP: stop, CLOCK: clock}
 
     def _precision_logs(self) -> dict[str, tf.Tensor]:
         rules = self.rules or [UpdateRule(self.optimizers[0], [], self.precision, self.strategy, None, 1)]

@@ -12,6 +12,8 @@ HERE = Path(__file__).parent
 
 
 def test_two_launched_processes_end_with_bit_identical_weights_and_only_the_chief_writes(tmp_path):
+    """Also, in the same processes: a time-triggered save follows the chief's clock, so a process whose clock
+    runs apart saves at the same steps (a second fit, see two_process_run.py)."""
     root = tmp_path / "run"
     command = [sys.executable, "-m", "ktrainer.cli.main", "launch", "--nodes", "2", "--", sys.executable,
                str(HERE / "no_tensorflow.py"), str(HERE / "two_process_run.py"), str(root)]
@@ -27,3 +29,12 @@ def test_two_launched_processes_end_with_bit_identical_weights_and_only_the_chie
     assert {r["last_model_path"].rpartition("/")[2] for r in results} == {"step-00000012"}  # known on both
     assert sorted(os.listdir(root / "checkpoints")) == ["step-00000006", "step-00000012"]
     assert os.listdir(root / "tensorboard") == ["version_0"]
+
+    clocks = sorted((json.loads(line.split("CLOCK ", 1)[1]) for line in done.stdout.splitlines()
+                     if "CLOCK " in line), key=lambda r: r["process"])
+    assert [r["process"] for r in clocks] == [0, 1]
+    time_saves = [[step for step, reason in r["saves"] if reason == "time"] for r in clocks]
+    assert time_saves[0] and time_saves[0] == time_saves[1], clocks  # the other's clock never reached 60 s
+    assert clocks[0]["saves"] == clocks[1]["saves"] and clocks[0]["last_model_path"] == clocks[1]["last_model_path"]
+    saved = sorted(int(name.rpartition("-")[2]) for name in os.listdir(tmp_path / "run-clock" / "checkpoints"))
+    assert saved == sorted({step for step, _ in clocks[0]["saves"]})
