@@ -26,6 +26,7 @@ def test_two_launched_processes_end_with_bit_identical_weights_and_only_the_chie
     assert [r["chief"] for r in results] == [True, False]
     assert all(r["replicas"] == 2 and r["step"] == 12 and not r["tensorflow_imported"] for r in results)
     assert results[0]["weights"] == results[1]["weights"]
+    assert [r["most_in_flight"] for r in results] == [2, 2]  # the default window, dispatched ahead in both
     assert {r["last_model_path"].rpartition("/")[2] for r in results} == {"step-00000012"}  # known on both
     assert sorted(os.listdir(root / "checkpoints")) == ["step-00000006", "step-00000012"]
     assert os.listdir(root / "tensorboard") == ["version_0"]

@@ -2,7 +2,8 @@
 
     python no_tensorflow.py two_process_run.py ROOT
 
-Prints `RESULT {json}`: its process index, replicas, step, whether it is the chief, its weights; then a
+Prints `RESULT {json}`: its process index, replicas, step, whether it is the chief, its weights, the most
+calls it held in flight; then a
 second fit under `train_time_interval` whose chief's clock runs 25 s per execution while the other
 process's runs true: `CLOCK {json}`, the saves each process took part in.
 """
@@ -17,10 +18,23 @@ import jax
 import numpy as np
 
 import ktrainer as kt
+import ktrainer.backends.jax.engine as jax_engine
 import ktrainer.run_clock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository, for tests.backends.leg_run
 from tests.backends.leg_run import Net, data  # noqa: E402
+
+in_flight: list[int] = []  # the calls the training runner held in flight, at each dispatch
+_dispatch = jax_engine._TrainRunner.dispatch
+
+
+def _watched_dispatch(self, *args, **kwargs):
+    call = _dispatch(self, *args, **kwargs)
+    in_flight.append(self._in_flight)
+    return call
+
+
+jax_engine._TrainRunner.dispatch = _watched_dispatch
 
 # No num_nodes: the launcher's variables say this process is one of two, as TF_CONFIG does on TensorFlow.
 trainer = kt.Trainer(max_epochs=2, batch_size=8, seed=0, default_root_dir=sys.argv[1],
@@ -30,6 +44,7 @@ x, y = data()
 trainer.fit(module, (x, y))
 print("RESULT", json.dumps({"process": jax.process_index(), "replicas": trainer.num_replicas,
                             "step": trainer.global_step, "chief": trainer.is_global_zero,
+                            "most_in_flight": max(in_flight),
                             "last_model_path": trainer.checkpoint_callback.last_model_path,
                             "weights": [np.asarray(w).tolist() for w in module.model.get_weights()],
                             "tensorflow_imported": "tensorflow" in sys.modules}), flush=True)
