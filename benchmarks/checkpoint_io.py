@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import ktrainer as kt  # noqa: E402
 from ktrainer.checkpoint import FsspecCheckpointIO  # noqa: E402
 from ktrainer.checkpoint.checksum import Checksum  # noqa: E402
-from ktrainer.fs import Location  # noqa: E402
+from ktrainer.utils.fs import Location  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

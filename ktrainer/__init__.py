@@ -18,11 +18,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if TYPE_CHECKING:
     from ktrainer import callbacks, loggers, precision
     from ktrainer.compare_precision import PrecisionComparison, compare_precision
+    from ktrainer.loop.preemption import Preempted
     from ktrainer.module import Module
-    from ktrainer.preemption import Preempted
-    from ktrainer.trainer import Trainer
+    from ktrainer.trainer.trainer import Trainer
 
-from ktrainer.lazy import lazy_exports
+from ktrainer.utils.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -37,9 +37,9 @@ def _check_keras_backend() -> None:
 
 
 __getattr__, __dir__ = lazy_exports(__name__, {
-    "Trainer": "ktrainer.trainer",
+    "Trainer": "ktrainer.trainer.trainer",
     "Module": "ktrainer.module",
-    "Preempted": "ktrainer.preemption",
+    "Preempted": "ktrainer.loop.preemption",
     "compare_precision": "ktrainer.compare_precision",
     "PrecisionComparison": "ktrainer.compare_precision",
     "callbacks": "ktrainer.callbacks",

@@ -21,11 +21,11 @@ import numpy as np
 
 from ktrainer.callbacks import Callback
 from ktrainer.checks import check_bool, check_int
-from ktrainer.fs import Location
 from ktrainer.loggers import TensorBoardLogger
 from ktrainer.module import Module
 from ktrainer.precision import resolve_precision
-from ktrainer.trainer import Trainer
+from ktrainer.trainer.trainer import Trainer
+from ktrainer.utils.fs import Location
 
 __all__ = ["compare_precision", "PrecisionComparison"]
 

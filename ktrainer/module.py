@@ -10,7 +10,7 @@ from typing import Any
 
 import keras
 
-from ktrainer.attribute_dict import AttributeDict
+from ktrainer.utils.attribute_dict import AttributeDict
 
 __all__ = ["Module", "LogOptions"]
 

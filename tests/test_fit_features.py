@@ -149,7 +149,7 @@ def test_float16_penalties_are_summed_in_float32_under_16_mixed():
 
 
 def test_history_holds_this_calls_epochs_with_nan_for_a_name_that_appears_later():
-    from ktrainer.history import History
+    from ktrainer.loop.history import History
 
     history = History()
     history.record(3, {"a": 1.0})

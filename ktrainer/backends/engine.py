@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ktrainer.memory import process_peak, reset_process_peak
 from ktrainer.precision.advice import Accelerators
+from ktrainer.utils.memory import process_peak, reset_process_peak
 
 __all__ = ["Engine", "InFlight", "Runner"]
 

@@ -21,7 +21,7 @@ from ktrainer.checkpoint.snapshot import freeze
 from ktrainer.checkpoint.variables import read_value, start_host_copies
 from ktrainer.checks import check_bool, check_choice, check_int, check_path, check_storage_options
 from ktrainer.compat.keras_internals import tensorflow_left_alone
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 
 __all__ = ["ModelCheckpoint"]
 

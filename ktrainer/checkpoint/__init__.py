@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ktrainer.lazy import lazy_exports
+from ktrainer.utils.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ktrainer.checkpoint.async_io import AsyncCheckpointIO

@@ -41,7 +41,7 @@ from ktrainer.checkpoint.format import (
     step_of,
 )
 from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo, FileSource, OnCommit
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 
 __all__ = ["FsspecCheckpointIO"]
 

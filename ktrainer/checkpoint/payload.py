@@ -13,10 +13,10 @@ from typing import Any
 
 import keras
 
+from ktrainer.checkpoint.lineage import MAX_LINEAGE
 from ktrainer.checkpoint.snapshot import to_files
 from ktrainer.checkpoint.variables import read_value, start_host_copies
 from ktrainer.compat.keras_internals import tensorflow_left_alone
-from ktrainer.run import MAX_LINEAGE
 
 __all__ = ["checkpoint_payload"]
 

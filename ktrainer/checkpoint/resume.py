@@ -22,7 +22,7 @@ from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
 from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
 from ktrainer.checkpoint.snapshot import from_files
 from ktrainer.checkpoint.variables import assign_all, mismatches, refuse_mismatches
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 
 __all__ = ["ALIASES", "Resumable", "check_ckpt_path", "find_checkpoint", "load_model_weights", "split_checkpoint_url"]
 

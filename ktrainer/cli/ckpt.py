@@ -26,7 +26,7 @@ def checkpoints_at(url: str, storage_options: dict[str, Any]) -> tuple[FsspecChe
     """
     from ktrainer.checkpoint.format import MANIFEST
     from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
-    from ktrainer.fs import Location
+    from ktrainer.utils.fs import Location
 
     location = Location(url.rstrip("/"), storage_options)
     fs, path = location.fs, location.path
@@ -142,7 +142,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     from ktrainer.checkpoint.snapshot import from_files
     from ktrainer.compat.keras_internals import tensorflow_left_alone
-    from ktrainer.fs import Location
+    from ktrainer.utils.fs import Location
 
     io, names = checkpoints_at(args.uri, args.storage_options)
     if names is None:

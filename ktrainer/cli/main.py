@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from ktrainer.checkpoint.io import CheckpointError
 from ktrainer.cli import ckpt, compare_precision, demo, fit, launch
-from ktrainer.logs import configure_logging
+from ktrainer.utils.logs import configure_logging
 
 __all__ = ["main", "build_parser"]
 

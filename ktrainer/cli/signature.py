@@ -1,6 +1,6 @@
 """The Trainer's constructor signature and argument docs, read from its source without importing it.
 
-Importing `ktrainer.trainer` imports Keras and TensorFlow, seconds of work; the command line's
+Importing `ktrainer.trainer.trainer` imports Keras and TensorFlow, seconds of work; the command line's
 `--help` must answer in well under a second. So the flags are derived from the source text of
 `Trainer.__init__` and the class docstring (the same signature and docs users read in their
 editor), and a test checks the result against the imported class.
@@ -21,7 +21,7 @@ __all__ = ["trainer_signature_stub", "UNSET"]
 UNSET = inspect.Parameter.empty  # a default the source computes (the Trainer's own default applies)
 
 # Modules whose constants may be defaults and which import neither Keras nor TensorFlow.
-_LIGHT_MODULES = {"ktrainer.preemption"}
+_LIGHT_MODULES = {"ktrainer.loop.preemption"}
 
 # Names the annotations may use; any other name (Callback, Logger, Precision...) reads as Any.
 _TYPE_NAMESPACE: dict[str, Any] = {"Any": Any, "Sequence": Sequence, "Callable": Callable,
@@ -63,7 +63,7 @@ def trainer_signature_stub() -> Callable[..., None]:
     Parameters whose default is computed in the source (e.g. `preemption_signals`) carry no default
     here: left unset on the command line, the Trainer's own default applies.
     """
-    spec = importlib.util.find_spec("ktrainer.trainer")
+    spec = importlib.util.find_spec("ktrainer.trainer.trainer")
     tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
     source = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Trainer")
     init = next(node for node in source.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")

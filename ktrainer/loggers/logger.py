@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ktrainer.fs import Location, next_version
+from ktrainer.utils.fs import Location, next_version
 
 __all__ = ["Logger"]
 

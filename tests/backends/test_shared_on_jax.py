@@ -46,4 +46,4 @@ def test_every_file_with_a_test_marked_for_jax_runs_there():
               if path != Path(__file__) and ("mark.both_backends" in path.read_text()
                                             or "mark.jax_only" in path.read_text())}
     assert marked <= set(shared_files())
-    assert "tests/test_memory.py" in marked  # its marks are a list
+    assert "tests/utils/test_memory.py" in marked  # its marks are a list

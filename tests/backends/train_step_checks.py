@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from ktrainer.building import build_model, build_optimizers
-from ktrainer.data import BatchSource
+from ktrainer.data.sources import BatchSource
 from ktrainer.precision import Precision
+from ktrainer.trainer.building import build_model, build_optimizers
 from tests.helpers import Regressor, regression_data
 
 LR = 0.1

@@ -17,7 +17,7 @@ from ktrainer.checkpoint.async_io import AsyncCheckpointIO
 from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
 from ktrainer.checkpoint.io import CheckpointError
 from ktrainer.checkpoint.tensors import TensorFile
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 
 pytestmark = pytest.mark.both_backends
 

@@ -10,7 +10,7 @@ import pytest
 
 import ktrainer as kt
 from ktrainer.checkpoint import CheckpointError, find_checkpoint
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 from tests.helpers import Classifier
 
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from ktrainer.checkpoint import FsspecCheckpointIO
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 from tests.checkpoint.test_resume import RUNNER, inline
 
 LIMIT = 4096  # bytes per file: the state file of a save (random state included) is larger

@@ -12,7 +12,7 @@ import pytest
 
 import ktrainer as kt
 from ktrainer.checkpoint import FsspecCheckpointIO
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 
 DATA = Path(__file__).with_name("data") / "format1"
 

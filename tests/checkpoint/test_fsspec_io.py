@@ -11,7 +11,7 @@ import pytest
 from ktrainer.checkpoint.format import MANIFEST
 from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
 from ktrainer.checkpoint.io import CheckpointError
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 
 RUN = "0123456789ab"
 

@@ -16,7 +16,7 @@ from ktrainer.checkpoint.format import FileEntry, encode_manifest, parse_manifes
 from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
 from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
 from ktrainer.checkpoint.tensors import TensorFile, read_tensors
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 
 pytestmark = pytest.mark.both_backends
 

@@ -7,8 +7,8 @@ import json
 import keras
 import pytest
 
+from ktrainer.checkpoint.lineage import MAX_LINEAGE, RunIdentity
 from ktrainer.checkpoint.payload import checkpoint_payload
-from ktrainer.run import MAX_LINEAGE, RunIdentity
 
 pytestmark = pytest.mark.both_backends
 

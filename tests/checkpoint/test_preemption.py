@@ -16,7 +16,7 @@ import pytest
 
 import ktrainer as kt
 from ktrainer.checkpoint import FsspecCheckpointIO
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 from tests.checkpoint.test_resume import RUNNER, N, assert_same_run, inline, leg
 from tests.helpers import Classifier, read_scalars
 

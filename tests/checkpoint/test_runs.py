@@ -12,7 +12,7 @@ import pytest
 import ktrainer as kt
 from ktrainer.checkpoint import FsspecCheckpointIO, find_checkpoint
 from ktrainer.cli.main import main
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 from tests.helpers import Classifier
 
 pytestmark = pytest.mark.both_backends

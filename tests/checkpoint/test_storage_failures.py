@@ -19,7 +19,7 @@ import s3fs
 
 import ktrainer as kt
 from ktrainer.checkpoint import CheckpointError, FsspecCheckpointIO
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 from tests.checkpoint.resume_run import Net
 from tests.checkpoint.s3_proxy import (  # noqa: F401 - the fixtures s3_proxy and proxied_bucket
     DENIED,

@@ -24,10 +24,10 @@ from ktrainer.backends.engine import Engine, InFlight, Runner
 from ktrainer.backends.jax.flops import matmul_flops
 from ktrainer.backends.jax.read_ahead import ReadAhead
 from ktrainer.backends.jax.train_step import JaxTrainStep, current_values, stateless_values, tracing_scope
-from ktrainer.hooks import call_step_hook, traced_batch_index
-from ktrainer.metrics import metric_objects
 from ktrainer.precision.advice import Accelerators
-from ktrainer.step_outputs import CLOCK, STOP, EvalStep
+from ktrainer.step.hooks import call_step_hook, traced_batch_index
+from ktrainer.step.metrics import metric_objects
+from ktrainer.step.outputs import CLOCK, STOP, EvalStep
 
 __all__ = ["JaxEngine", "compute_capability", "shape_spec", "to_host"]
 

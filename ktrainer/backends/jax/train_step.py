@@ -34,12 +34,12 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from ktrainer.accumulation import groups_mismatch
 from ktrainer.backends.jax.update_rule import JaxUpdateRule
-from ktrainer.hooks import NO_UPDATE, call_step_hook, loss_from_return, traced_batch_index, wrapped_optimizer
-from ktrainer.metrics import metric_objects
 from ktrainer.module import LogOptions
-from ktrainer.step_outputs import (
+from ktrainer.step.accumulation import groups_mismatch
+from ktrainer.step.hooks import NO_UPDATE, call_step_hook, loss_from_return, traced_batch_index, wrapped_optimizer
+from ktrainer.step.metrics import metric_objects
+from ktrainer.step.outputs import (
     APPLIED,
     BATCH_SIZE,
     LOSS_SCALE,

@@ -16,8 +16,8 @@ from typing import Any
 import jax.numpy as jnp
 import keras
 
-from ktrainer.accumulation import PartialGroup
 from ktrainer.precision.loss_scale import all_finite
+from ktrainer.step.accumulation import PartialGroup
 
 __all__ = ["JaxUpdateRule"]
 

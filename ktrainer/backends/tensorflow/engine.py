@@ -15,7 +15,7 @@ from ktrainer.backends.tensorflow import flops, hardware, memory
 from ktrainer.backends.tensorflow.steps import CompiledSteps, compile_predict_step, discover_outputs
 from ktrainer.backends.tensorflow.train_step import TrainStep
 from ktrainer.precision.advice import Accelerators
-from ktrainer.step_outputs import EvalStep
+from ktrainer.step.outputs import EvalStep
 
 __all__ = ["TensorFlowEngine"]
 

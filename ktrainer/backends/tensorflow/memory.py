@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ktrainer.memory import process_peak, reset_process_peak
+from ktrainer.utils.memory import process_peak, reset_process_peak
 
 __all__ = ["reset_peak_memory", "peak_memory"]
 

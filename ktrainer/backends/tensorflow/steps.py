@@ -1,6 +1,6 @@
 """TensorFlow: compiled steps, N batches per call, per-replica outputs reduced exactly; prediction.
 
-The training step itself is in train_step.py; what a step returns is in `ktrainer.step_outputs`.
+The training step itself is in train_step.py; what a step returns is in `ktrainer.step.outputs`.
 `CompiledSteps` runs up to `steps_per_execution` of them in one
 `tf.function` call and returns each step's values, so logging stays per step while the
 Python overhead is paid once per execution.
@@ -16,8 +16,8 @@ import tensorflow as tf
 
 from ktrainer.backends.engine import InFlight, Runner
 from ktrainer.compat.keras_internals import with_unscaled_losses
-from ktrainer.hooks import call_step_hook, traced_batch_index
-from ktrainer.step_outputs import BATCH_SIZE, SAME_ON_EVERY_REPLICA
+from ktrainer.step.hooks import call_step_hook, traced_batch_index
+from ktrainer.step.outputs import BATCH_SIZE, SAME_ON_EVERY_REPLICA
 
 __all__ = ["CompiledSteps", "compile_predict_step", "discover_outputs"]
 

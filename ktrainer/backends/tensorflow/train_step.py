@@ -21,7 +21,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from ktrainer.accumulation import PartialGroup, groups_mismatch
 from ktrainer.backends.tensorflow.gradients import (
     dense,
     is_sparse,
@@ -30,10 +29,11 @@ from ktrainer.backends.tensorflow.gradients import (
     sum_duplicate_rows,
     values,
 )
-from ktrainer.hooks import NO_UPDATE, call_step_hook, loss_from_return, wrapped_optimizer
 from ktrainer.module import LogOptions
 from ktrainer.precision.loss_scale import scale_gradient
-from ktrainer.step_outputs import (
+from ktrainer.step.accumulation import PartialGroup, groups_mismatch
+from ktrainer.step.hooks import NO_UPDATE, call_step_hook, loss_from_return, wrapped_optimizer
+from ktrainer.step.outputs import (
     APPLIED,
     BATCH_SIZE,
     CLOCK,

@@ -12,7 +12,7 @@ import pytest
 
 from ktrainer.backends.jax.devices import plan_devices
 from ktrainer.backends.jax.engine import JaxEngine
-from ktrainer.step_outputs import APPLIED, BATCH_SIZE, SKIPPED
+from ktrainer.step.outputs import APPLIED, BATCH_SIZE, SKIPPED
 from tests.backends.train_step_checks import (
     LR,
     PreparedStep,

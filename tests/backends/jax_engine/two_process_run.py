@@ -19,7 +19,7 @@ import numpy as np
 
 import ktrainer as kt
 import ktrainer.backends.jax.engine as jax_engine
-import ktrainer.run_clock
+import ktrainer.loop.run_clock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository, for tests.backends.leg_run
 from tests.backends.leg_run import Net, data  # noqa: E402
@@ -74,7 +74,7 @@ class SavesSeen(kt.callbacks.ModelCheckpoint):
 
 
 if jax.process_index() == 0:
-    ktrainer.run_clock.time = FastClock()
+    ktrainer.loop.run_clock.time = FastClock()
 timed = SavesSeen(train_time_interval=60, max_to_keep=None)
 trainer = kt.Trainer(max_epochs=2, batch_size=8, seed=0, default_root_dir=sys.argv[1] + "-clock",
                      enable_progress_bar=False, logger=False, callbacks=[timed])

@@ -13,7 +13,7 @@ import textwrap
 import numpy as np
 
 from ktrainer.checkpoint import FsspecCheckpointIO
-from ktrainer.fs import Location
+from ktrainer.utils.fs import Location
 from tests.checkpoint.test_preemption import Lines
 
 WORKER = textwrap.dedent("""

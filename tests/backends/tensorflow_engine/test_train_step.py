@@ -15,7 +15,7 @@ import tensorflow as tf
 from ktrainer.backends.tensorflow.devices import plan_devices
 from ktrainer.backends.tensorflow.engine import TensorFlowEngine
 from ktrainer.backends.tensorflow.gradients import dense, values
-from ktrainer.step_outputs import APPLIED, BATCH_SIZE, SKIPPED
+from ktrainer.step.outputs import APPLIED, BATCH_SIZE, SKIPPED
 from tests.backends.train_step_checks import (
     PreparedStep,
     check_a_saved_group_restores_and_flushes_as_its_mean,

@@ -1,0 +1,64 @@
+"""One evaluation run (validation inside fit, `validate`, `test`): its hooks around the batches, exact results."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ktrainer.data.sources import BatchSource
+from ktrainer.loop.reporting import call_hook
+from ktrainer.step.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
+from ktrainer.trainer.module_checks import check_training_steps
+
+__all__ = ["run_evaluation", "HOOK_NAMES"]
+
+HOOK_NAMES = {"val": "validation", "test": "test"}  # the prefix of the logged names -> the hooks' word
+
+
+def run_evaluation(trainer: Any, module: Any, source: BatchSource, runner: Any, num_batches: int | None,
+                   stage: str, before_execution: Callable[[], None] | None = None) -> dict[str, float]:
+    """Run `runner` over `source` (at most `num_batches`), between the epoch hooks of `stage` ("val" or "test").
+
+    The module's metric objects of the stage are reset first; the results are the means over every
+    example (not of per-batch means), the metric objects' results, and what the epoch-end hooks logged.
+
+    Args:
+        trainer: The Trainer (its engine, callbacks, reporter and `steps_per_execution`).
+        module: The Module.
+        source: The evaluation data.
+        runner: The engine's compiled evaluation step (`engine.eval_runner`).
+        num_batches: Batches to run; None: until the data ends.
+        stage: "val" or "test".
+        before_execution: Called before each compiled execution (fit checks for preemption there).
+
+    Returns:
+        The epoch metrics, e.g. {"val/loss": 0.31, "val/acc": 0.92}.
+    """
+    kind = HOOK_NAMES[stage]
+    reset_metric_objects(module, stage)
+    module._stage = stage
+    getattr(module, f"on_{kind}_epoch_start")()
+    call_hook(trainer.callbacks, f"on_{kind}_epoch_start", trainer, module)
+    metrics = EpochMetrics(module._log_options)
+    iterator = trainer.engine.batches(source)
+    while num_batches is None or metrics.steps < num_batches:
+        if before_execution is not None:
+            before_execution()
+        wanted = trainer.steps_per_execution
+        if num_batches is not None:
+            wanted = min(wanted, num_batches - metrics.steps)
+        outputs = runner.run(iterator, wanted, metrics.steps)
+        ran = len(next(iter(outputs.values())))
+        if ran:
+            metrics.add(outputs)
+        if ran < wanted:
+            break
+    if metrics.steps == 0 and num_batches != 0:  # the data ran out (limit_val_batches=0 asks for nothing)
+        check_training_steps(0, source.num_examples, trainer.batch_size, trainer.engine.replicas, what=source.what)
+    results = {**metrics.epoch_metrics(), **metric_object_values(module, stage, epoch=True)}
+    module._stage = stage
+    getattr(module, f"on_{kind}_epoch_end")()
+    call_hook(trainer.callbacks, f"on_{kind}_epoch_end", trainer, module)
+    results.update(hook_values(module._take_logged()))
+    trainer.reporter.remember(results, metrics.prog_bar_names())
+    return results

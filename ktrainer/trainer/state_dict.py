@@ -1,0 +1,83 @@
+"""What a checkpoint holds of a run (`Trainer.state_dict`), and putting it back (`Trainer.load_state_dict`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ktrainer.checkpoint.variables import assign_all, keyed, mismatches, refuse_mismatches
+from ktrainer.step.metrics import metric_objects
+from ktrainer.trainer.random_state import capture_random_state, restore_random_state
+from ktrainer.trainer.resume_checks import adopt_class_keys, check_global_batch, check_keys, unique_keys
+
+__all__ = ["trainer_state_dict", "load_trainer_state_dict", "optimizer_variables"]
+
+log = logging.getLogger("ktrainer")
+
+
+def optimizer_variables(optimizers: list) -> list:
+    """Every optimizer's variables, in `configure_optimizers` order."""
+    return [variable for optimizer in optimizers for variable in optimizer.variables]
+
+
+def trainer_state_dict(trainer: Any, module: Any, train_step: Any) -> dict[str, Any]:
+    """The state of a fit in progress, by section (see `Trainer.state_dict`); the engine's live state synced first."""
+    trainer.engine.sync()
+    return {
+        "model": keyed(module.model.variables),
+        "optimizer": keyed(optimizer_variables(trainer.optimizers)),
+        "accumulation": train_step.state_dict(),
+        "progress": trainer.progress.state_dict(),
+        "random": capture_random_state(),
+        "callbacks": {key: cb.state_dict() for key, cb in unique_keys(trainer.callbacks).items()},
+        "loggers": {key: lg.state_dict() for key, lg in unique_keys(trainer.reporter.writing_loggers).items()},
+        "precision": trainer.precision.state_dict(),
+        "metrics": {name: list(metric.variables) for name, metric in metric_objects(module, "train").items()},
+        "run": {"run_id": trainer.run.run_id, "lineage": list(trainer.run.lineage), "parent": trainer.run.parent,
+                "global_batch_size": trainer.global_batch_size, "precision": trainer.precision.name,
+                "hparams": _jsonable(module.hparams), "shuffle": trainer.shuffle},
+    }
+
+
+def load_trainer_state_dict(trainer: Any, module: Any, train_step: Any, state: dict[str, Any]) -> None:
+    """Put a state back into a built fit: every check first, then all of it, or nothing (`Trainer.load_state_dict`).
+
+    Raises:
+        ValueError: When the state does not fit this model, optimizer or global batch size.
+    """
+    problems = (mismatches("model", state["model"], module.model.variables)
+                + mismatches("optimizer", state["optimizer"], optimizer_variables(trainer.optimizers)))
+    accumulation = train_step.mismatch(state.get("accumulation", {}))
+    if accumulation:
+        problems.append(accumulation)
+    refuse_mismatches(problems, "this model and optimizer")
+    progress = check_global_batch(state["progress"], state["run"]["global_batch_size"], trainer.global_batch_size,
+                                  trainer.allow_global_batch_change)
+    components = {"callbacks": unique_keys(trainer.callbacks), "loggers": unique_keys(trainer.reporter.writing_loggers)}
+    saved = {section: adopt_class_keys(state.get(section, {}), present) for section, present in components.items()}
+    check_keys("callbacks", saved["callbacks"], components["callbacks"])
+    if trainer.is_global_zero:
+        check_keys("loggers", saved["loggers"], components["loggers"])
+
+    assign_all(state["model"], module.model.variables)
+    assign_all(state["optimizer"], optimizer_variables(trainer.optimizers))
+    train_step.load_state_dict(state.get("accumulation", {}))
+    trainer.progress.load_state_dict(progress)
+    for section, present in components.items():
+        for key, component in present.items():
+            if key in saved[section]:
+                component.load_state_dict(saved[section][key])
+    trainer.precision.load_state_dict(state.get("precision", {}))
+    for name, metric in metric_objects(module, "train").items():
+        saved_metric = state.get("metrics", {}).get(name)
+        if saved_metric is not None and len(saved_metric) == len(metric.variables):
+            for variable, value in zip(metric.variables, saved_metric, strict=True):
+                variable.assign(value)
+    restore_random_state(state["random"])
+    trainer.engine.reload()
+    if state["run"]["precision"] != trainer.precision.name:
+        log.warning("Resuming a %s checkpoint under precision=%r.", state["run"]["precision"], trainer.precision.name)
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v if isinstance(v, bool | int | float | str | type(None)) else str(v) for k, v in values.items()}
