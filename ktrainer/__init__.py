@@ -23,8 +23,7 @@ if TYPE_CHECKING:
     from ktrainer.trainer.trainer import Trainer
 
 from ktrainer.utils.lazy import lazy_exports
-
-__version__ = "0.1.0"
+from ktrainer.version import __version__
 
 __all__ = ["Trainer", "Module", "Preempted", "callbacks", "loggers", "precision", "compare_precision",
            "PrecisionComparison", "__version__"]

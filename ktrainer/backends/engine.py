@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ktrainer.precision.advice import Accelerators
+from ktrainer.backends.accelerators import Accelerators
 from ktrainer.utils.memory import process_peak, reset_process_peak
 
 __all__ = ["Engine", "InFlight", "Runner"]

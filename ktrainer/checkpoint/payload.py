@@ -17,6 +17,7 @@ from ktrainer.checkpoint.lineage import MAX_LINEAGE
 from ktrainer.checkpoint.snapshot import to_files
 from ktrainer.checkpoint.variables import read_value, start_host_copies
 from ktrainer.compat.keras_internals import tensorflow_left_alone
+from ktrainer.version import __version__
 
 __all__ = ["checkpoint_payload"]
 
@@ -47,11 +48,9 @@ def checkpoint_payload(state: dict[str, Any], model: keras.Model, run: Any, save
 
 
 def _versions() -> dict[str, str]:
-    import ktrainer
-
     backend = keras.config.backend()
     module = sys.modules.get(backend) or importlib.import_module(backend)
-    return {"ktrainer": ktrainer.__version__, "keras": keras.__version__, backend: getattr(module, "__version__", "?")}
+    return {"ktrainer": __version__, "keras": keras.__version__, backend: getattr(module, "__version__", "?")}
 
 
 def _model_config(model: keras.Model) -> dict | None:

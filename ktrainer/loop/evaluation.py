@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ktrainer.callbacks.callback_list import call_hook
+from ktrainer.data.checks import check_training_steps
 from ktrainer.data.sources import BatchSource
-from ktrainer.loop.reporting import call_hook
 from ktrainer.step.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
-from ktrainer.trainer.module_checks import check_training_steps
 
 __all__ = ["run_evaluation", "HOOK_NAMES"]
 

@@ -19,18 +19,18 @@ import numpy as np
 
 from ktrainer.backends.engine import InFlight
 from ktrainer.callbacks import Callback, ModelCheckpoint
+from ktrainer.callbacks.callback_list import call_hook
 from ktrainer.callbacks.keras_adapter import KerasCallback
 from ktrainer.checkpoint.format import checkpoint_name
 from ktrainer.checks import defines_hook
+from ktrainer.data.checks import check_stream_not_ended, check_training_steps
 from ktrainer.data.sources import BatchSource
 from ktrainer.loop.evaluation import run_evaluation
 from ktrainer.loop.preemption import Preempted, SignalWatcher
-from ktrainer.loop.reporting import call_hook
 from ktrainer.loop.run_summary import stop_line, stop_reason
 from ktrainer.progress import Progress
 from ktrainer.step.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
 from ktrainer.step.outputs import APPLIED, CLOCK, LOSS_SCALE, SKIPPED, STOP
-from ktrainer.trainer.module_checks import check_stream_not_ended, check_training_steps
 
 __all__ = ["FitLoop", "save_checkpoints_now", "SKIPPED_STEPS"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ktrainer.loggers import Logger
 
-__all__ = ["Reporter", "call_hook", "in_hook_order"]
+__all__ = ["Reporter"]
 
 STEP_LOSS = "train/loss_step"
 
@@ -66,21 +66,3 @@ class Reporter:
         """Make what was logged so far readable (event files, CSV rows)."""
         for each in self.writing_loggers:
             each.flush()
-
-
-def in_hook_order(callbacks: list, hook: str) -> list:
-    """The callbacks in the order `hook` calls them: those naming it in `runs_first_in` first, then the rest,
-    each group in list order."""
-    def runs_first(callback: Any) -> bool:
-        return hook in getattr(callback, "runs_first_in", ())
-
-    first = [callback for callback in callbacks if runs_first(callback)]
-    if not first:
-        return callbacks
-    return first + [callback for callback in callbacks if not runs_first(callback)]
-
-
-def call_hook(callbacks: list, hook: str, trainer: Any, module: Any, *args: Any) -> None:
-    """Call `hook` on every callback, in hook order (`in_hook_order`)."""
-    for callback in in_hook_order(callbacks, hook):
-        getattr(callback, hook)(trainer, module, *args)

@@ -8,7 +8,7 @@ from typing import Any
 
 import keras
 
-from ktrainer.precision.advice import hardware_advice
+from ktrainer.backends.accelerators import hardware_advice
 from ktrainer.precision.float32_layers import float32_at_construction, keep_float32
 from ktrainer.precision.report import check_output_dtype, output_dtypes
 from ktrainer.trainer.lr_scaling import scale_learning_rate

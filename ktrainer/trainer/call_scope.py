@@ -10,8 +10,8 @@ from typing import Any
 
 import keras
 
+from ktrainer.callbacks.callback_list import call_hook, in_hook_order
 from ktrainer.compat.keras_internals import tensorflow_left_alone
-from ktrainer.loop.reporting import call_hook, in_hook_order
 from ktrainer.loop.trainer_state import TrainerState
 from ktrainer.utils.logs import quietly
 

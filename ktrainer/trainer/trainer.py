@@ -14,6 +14,7 @@ import numpy as np
 
 from ktrainer.backends import make_engine, plan_devices
 from ktrainer.callbacks import Callback, ModelCheckpoint
+from ktrainer.callbacks.callback_list import call_hook
 from ktrainer.checkpoint.lineage import RunIdentity
 from ktrainer.checkpoint.resume import Resumable, check_ckpt_path, find_checkpoint, load_model_weights
 from ktrainer.checks import (
@@ -27,6 +28,7 @@ from ktrainer.checks import (
     check_storage_options,
     optional,
 )
+from ktrainer.data.checks import check_training_steps, check_validation_stream
 from ktrainer.data.sources import BatchSource, batches_per_epoch, check_validation_split
 from ktrainer.data.stage_data import choose_source, shuffle_setting, split_training_data
 from ktrainer.loggers import Logger
@@ -34,7 +36,7 @@ from ktrainer.loop.evaluation import HOOK_NAMES, run_evaluation
 from ktrainer.loop.fit_loop import FitLoop, save_checkpoints_now
 from ktrainer.loop.history import History
 from ktrainer.loop.preemption import DEFAULT_SIGNALS, SignalWatcher, check_signals
-from ktrainer.loop.reporting import Reporter, call_hook
+from ktrainer.loop.reporting import Reporter
 from ktrainer.loop.run_clock import RunClock
 from ktrainer.loop.run_summary import fit_summary
 from ktrainer.loop.trainer_state import TrainerState
@@ -47,11 +49,7 @@ from ktrainer.trainer.building import build_model, build_optimizers
 from ktrainer.trainer.call_scope import call_scope
 from ktrainer.trainer.defaults import default_callbacks, resolve_loggers
 from ktrainer.trainer.lr_scaling import LR_SCALINGS
-from ktrainer.trainer.module_checks import (
-    check_training_steps,
-    check_validation_stream,
-    warn_val_data_without_validation_step,
-)
+from ktrainer.trainer.module_checks import warn_val_data_without_validation_step
 from ktrainer.trainer.resume_checks import check_checkpoint_dirs, check_global_batch
 from ktrainer.trainer.saving import save_checkpoint_at
 from ktrainer.trainer.state_dict import load_trainer_state_dict, trainer_state_dict

@@ -20,11 +20,11 @@ import keras
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ktrainer.backends.accelerators import Accelerators
 from ktrainer.backends.engine import Engine, InFlight, Runner
 from ktrainer.backends.jax.flops import matmul_flops
 from ktrainer.backends.jax.read_ahead import ReadAhead
 from ktrainer.backends.jax.train_step import JaxTrainStep, current_values, stateless_values, tracing_scope
-from ktrainer.precision.advice import Accelerators
 from ktrainer.step.hooks import call_step_hook, traced_batch_index
 from ktrainer.step.metrics import metric_objects
 from ktrainer.step.outputs import CLOCK, STOP, EvalStep

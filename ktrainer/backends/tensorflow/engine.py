@@ -10,11 +10,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from ktrainer.backends.accelerators import Accelerators
 from ktrainer.backends.engine import Engine, Runner
 from ktrainer.backends.tensorflow import flops, hardware, memory
 from ktrainer.backends.tensorflow.steps import CompiledSteps, compile_predict_step, discover_outputs
 from ktrainer.backends.tensorflow.train_step import TrainStep
-from ktrainer.precision.advice import Accelerators
 from ktrainer.step.outputs import EvalStep
 
 __all__ = ["TensorFlowEngine"]

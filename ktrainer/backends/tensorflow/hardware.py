@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ktrainer.precision.advice import Accelerators
+from ktrainer.backends.accelerators import Accelerators
 
 __all__ = ["visible_accelerators"]
 

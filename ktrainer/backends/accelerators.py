@@ -1,4 +1,4 @@
-"""One line of advice per hardware fact that matters for the chosen precision."""
+"""The accelerators a run sees, and one line of advice per hardware fact that matters for the chosen precision."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 import ktrainer as kt
+from ktrainer.backends.accelerators import Accelerators, hardware_advice
 from ktrainer.backends.tensorflow.hardware import visible_accelerators
-from ktrainer.precision.advice import Accelerators, hardware_advice
 from tests.helpers import Classifier
 
 
