@@ -6,8 +6,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import ml_dtypes
 import numpy as np
+
+from ktrainer.compat.tensorflow_parts import bfloat16_view
 
 __all__ = ["keyed", "read_value", "start_host_copies", "mismatches", "assign_all", "refuse_mismatches"]
 
@@ -43,10 +44,9 @@ def read_value(variable: Any) -> np.ndarray:
     except (RuntimeError, TypeError, BufferError, ValueError):
         pass
     try:
-        import tensorflow as tf
-
-        if tensor.dtype == tf.bfloat16:  # no DLPack type for it: view its bits
-            return np.from_dlpack(tf.bitcast(tensor, tf.uint16)).view(ml_dtypes.bfloat16)
+        viewed = bfloat16_view(tensor)
+        if viewed is not None:
+            return viewed
     except (RuntimeError, TypeError, BufferError, ValueError):
         pass
     return tensor.numpy()

@@ -11,6 +11,8 @@
   and `keras.saving.serialize_keras_object` ask it whether TensorFlow is installed, which imports it
   (about 400 MiB and 1.5 s) even on the JAX backend. `tensorflow_left_alone` makes them take an
   unimported TensorFlow for absent, so a JAX run imports no TensorFlow even where it is installed.
+- `Layer._flatten_layers`: every layer inside a model (nested models and layers assigned as
+  attributes included), which `model.layers` does not give; `flat_layers` is the one caller.
 
 A Keras release that moved or renamed one fails the import with a message naming it, rather
 than training with silently different numbers.
@@ -34,18 +36,19 @@ except ImportError as error:  # pragma: no cover - depends on the installed Kera
     raise ImportError(f"ktrainer needs Keras internals that keras {keras.__version__} does not have ({error}); "
                       "install a Keras release ktrainer supports (see pyproject.toml).") from error
 
-__all__ = ["unscaled_losses", "with_unscaled_losses", "keras_seed_state", "tensorflow_left_alone"]
+__all__ = ["unscaled_losses", "with_unscaled_losses", "keras_seed_state", "tensorflow_left_alone", "flat_layers"]
 
 
 def _check() -> None:
     scale = getattr(_keras_loss, "scale_loss_for_distribution", None)
     lazy_tensorflow = getattr(_module_utils, "tensorflow", None)
     if (not callable(scale) or not callable(global_seed_generator)
-            or not hasattr(lazy_tensorflow, "_available") or not hasattr(type(lazy_tensorflow), "available")):
+            or not hasattr(lazy_tensorflow, "_available") or not hasattr(type(lazy_tensorflow), "available")
+            or not callable(getattr(keras.layers.Layer, "_flatten_layers", None))):
         raise ImportError(f"keras {keras.__version__} changed keras.src.losses.loss.scale_loss_for_distribution, "
                           "keras.src.random.seed_generator.global_seed_generator or "
-                          "keras.src.utils.module_utils.tensorflow, which ktrainer relies on; install a Keras "
-                          "release ktrainer supports (see pyproject.toml).")
+                          "keras.src.utils.module_utils.tensorflow or Layer._flatten_layers, which ktrainer relies "
+                          "on; install a Keras release ktrainer supports (see pyproject.toml).")
 
 
 _check()
@@ -123,3 +126,8 @@ def tensorflow_left_alone() -> Iterator[None]:
             _tensorflow_depth -= 1
             if _tensorflow_depth == 0:
                 lazy._available = None  # asked afresh (True if code in the block imported TensorFlow after all)
+
+
+def flat_layers(model: Any) -> list[Any]:
+    """Every layer inside `model`, depth first, the model itself excluded (nested models and sub-layers too)."""
+    return list(model._flatten_layers(include_self=False))

@@ -1,8 +1,8 @@
 """User data (numpy arrays, PyDataset, iterables of batches, tf.data) -> global batches, one epoch at a time.
 
-Backend-neutral: `epoch()` gives a tf.data.Dataset (the TensorFlow backend feeds its strategy with it),
-`numpy_batches()` numpy global batches (the JAX backend shards them over its devices). TensorFlow is
-imported only for a tf.data.Dataset, which only a process that has TensorFlow can hold.
+Backend-neutral and free of TensorFlow: `numpy_batches()` gives numpy global batches (the JAX engine
+shards them over its devices); the TensorFlow engine builds its tf.data feed from a source
+(backends/tensorflow/feed.py). A user's tf.data.Dataset is only called, never made, here.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class BatchSource:
       the Trainer and, when `shuffle` is on, shuffled each epoch by a permutation drawn from
       `(seed, epoch)`: the same seed gives the same order, and a resumed epoch can skip exactly
       the batches it had consumed. The seed and the position are the caller's (the Trainer's
-      `Progress`), passed to `epoch()`: the source keeps no copy of them.
+      `Progress`), passed to each epoch's reader: the source keeps no copy of them.
     - a `tf.data.Dataset` yields batches (as in Keras); it is re-batched to the global batch
       (`unbatch().batch(global_batch_size)`), keeping its order. It is never shuffled.
     - a `keras.utils.PyDataset` is read in index order and re-batched the same way.
@@ -37,7 +37,7 @@ class BatchSource:
       again each epoch and re-batched the same way.
     - a one-shot iterator (a generator object, a built-in iterator) is read as one stream: each
       epoch takes its next batches (`limit_train_batches` says how many), as Keras's `fit` reads a
-      generator; looking at its first batch before training loses nothing (`ktrainer/streams.py`).
+      generator; looking at its first batch before training loses nothing (`ktrainer/data/streams.py`).
 
     Args:
         data: The user's data.
@@ -152,14 +152,14 @@ class BatchSource:
         return self._dataset is not None and self._dataset.cardinality().numpy() == _INFINITE_CARDINALITY
 
     @property
-    def element_spec(self) -> Any:
-        """The spec of one global batch (without reading or shuffling the data)."""
-        import tensorflow as tf
+    def arrays(self) -> Any:
+        """The numpy arrays (a structure of them) this source batches, or None for other data."""
+        return self._arrays
 
-        if self._arrays is not None:
-            return keras.tree.map_structure(
-                lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), self._arrays)
-        return self.epoch(0).element_spec
+    @property
+    def dataset(self) -> Any:
+        """The user's tf.data.Dataset, or None for other data."""
+        return self._dataset
 
     def first_batch(self) -> Any:
         """The first global batch, as numpy arrays (without shuffling, and without copying numpy data)."""
@@ -168,25 +168,6 @@ class BatchSource:
         if self.is_stream:
             return self._first(_rebatch(self._read_batches(look_ahead=True), self.global_batch_size, False))
         return self._first(self.numpy_batches(0))
-
-    def epoch(self, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Any:
-        """The dataset of one epoch, without its first `skip_batches` global batches.
-
-        Args:
-            epoch: The epoch index; it selects the shuffle permutation of numpy data.
-            skip_batches: Global batches already consumed in this epoch (resume).
-            seed: The base seed of the shuffle permutation.
-
-        Returns:
-            A `tf.data.Dataset` of global batches.
-        """
-        import tensorflow as tf
-
-        if self._arrays is not None:
-            return self._array_epoch(epoch, skip_batches, seed)
-        source = self._dataset if self._dataset is not None else self._batches_as_dataset()
-        batched = source.unbatch().batch(self.global_batch_size, drop_remainder=self.drop_remainder)
-        return batched.skip(skip_batches).prefetch(tf.data.AUTOTUNE)
 
     def end_epoch(self) -> None:
         """Tell a PyDataset that the epoch ended (it may reshuffle itself)."""
@@ -199,7 +180,7 @@ class BatchSource:
             if not self.shuffle:
                 return _slices(self._arrays, self.global_batch_size, self.drop_remainder,
                                skip_batches * self.global_batch_size)
-            return _gathered(self._arrays, self._order(epoch, skip_batches, seed), self.global_batch_size,
+            return _gathered(self._arrays, self.order(epoch, skip_batches, seed), self.global_batch_size,
                              self.drop_remainder)
         if self._dataset is not None:
             batches = self._dataset.as_numpy_iterator()
@@ -208,10 +189,20 @@ class BatchSource:
         regrouped = _rebatch(batches, self.global_batch_size, self.drop_remainder)
         return itertools.islice(regrouped, skip_batches, None)
 
-    def _order(self, epoch: int, skip_batches: int, seed: int) -> np.ndarray:
+    def order(self, epoch: int, skip_batches: int, seed: int) -> np.ndarray:
+        """The indices of numpy examples in epoch `epoch`'s order (shuffled from `(seed, epoch)` when `shuffle`),
+        without those of its first `skip_batches` global batches."""
         n = first_dim(self._arrays)
         order = np.random.default_rng([seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
         return order[skip_batches * self.global_batch_size :]
+
+    def peek_batch(self) -> Any:
+        """The data's first batch as given (not re-batched), as numpy arrays, consuming nothing of a stream."""
+        return self._first(self._read_batches(look_ahead=True))
+
+    def read_batches(self) -> Iterator[Any]:
+        """The batches of a PyDataset or an iterable as given (not re-batched), as numpy arrays."""
+        return self._read_batches()
 
     def _read_batches(self, look_ahead: bool = False) -> Iterator[Any]:
         """The batches of a PyDataset (in index order) or an iterable, as numpy arrays; `look_ahead`: without
@@ -224,24 +215,6 @@ class BatchSource:
             batches = iter(self._iterable)
         for batch in batches:
             yield keras.tree.map_structure(np.asarray, _tupled(batch))
-
-    def _array_epoch(self, epoch: int, skip_batches: int, seed: int) -> Any:
-        import tensorflow as tf
-
-        order = self._order(epoch, skip_batches, seed)
-        # One permuted copy per epoch: measurably faster to feed than a per-batch tf.gather.
-        arrays = keras.tree.map_structure(lambda a: a[order], self._arrays)
-        batches = tf.data.Dataset.from_tensor_slices(arrays)
-        return batches.batch(self.global_batch_size, drop_remainder=self.drop_remainder).prefetch(tf.data.AUTOTUNE)
-
-    def _batches_as_dataset(self) -> Any:
-        import tensorflow as tf
-
-        sample = self._first(self._read_batches(look_ahead=True))
-        signature = keras.tree.map_structure(
-            lambda a: tf.TensorSpec((None, *np.shape(a)[1:]), tf.as_dtype(np.asarray(a).dtype)), sample
-        )
-        return tf.data.Dataset.from_generator(self._read_batches, output_signature=signature)
 
     def _check_dataset(self, dataset: Any) -> None:
         if dataset.cardinality().numpy() == 0:

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 
 import keras
 
+from ktrainer.compat.keras_internals import flat_layers
+
 __all__ = ["float32_at_construction", "keep_float32"]
 
 _lock = threading.RLock()  # a build inside a build (one thread) nests; another thread waits
@@ -67,7 +69,7 @@ def keep_float32(model: keras.Model, selectors: Sequence[type | str]) -> list[st
     Raises:
         ValueError: For a selector that matches no layer, listing the layer names and classes.
     """
-    layers = [layer for layer in model._flatten_layers(include_self=False)
+    layers = [layer for layer in flat_layers(model)
               if not isinstance(layer, keras.layers.InputLayer)]
     changed = []
     for selector in selectors:

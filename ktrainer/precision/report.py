@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 import keras
 
+from ktrainer.compat.keras_internals import flat_layers
+
 __all__ = ["LayerPrecision", "precision_report", "output_dtypes", "check_output_dtype", "summarize"]
 
 log = logging.getLogger("ktrainer")
@@ -28,7 +30,7 @@ class LayerPrecision(NamedTuple):
 
 
 def _layers(model: keras.Model) -> list[keras.layers.Layer]:
-    layers = model._flatten_layers(include_self=False)
+    layers = flat_layers(model)
     return [layer for layer in layers if not isinstance(layer, keras.layers.InputLayer)]
 
 

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 
 from ktrainer.compat.keras_internals import keras_seed_state
+from ktrainer.compat.tensorflow_parts import global_generator_state, set_global_generator_state
 
 __all__ = ["capture_random_state", "restore_random_state"]
 
@@ -28,9 +29,7 @@ def capture_random_state() -> dict[str, Any]:
         "keras": np.asarray(keras_state).tolist(),
     }
     if _on_tensorflow():
-        import tensorflow as tf
-
-        state["tensorflow"] = tf.random.get_global_generator().state.numpy().tolist()
+        state["tensorflow"] = global_generator_state()
     return state
 
 
@@ -42,9 +41,7 @@ def restore_random_state(state: dict[str, Any]) -> None:
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), *rest))
     if _on_tensorflow() and "tensorflow" in state:
-        import tensorflow as tf
-
-        tf.random.get_global_generator().state.assign(np.array(state["tensorflow"], dtype=np.int64))
+        set_global_generator_state(state["tensorflow"])
     generator.assign(np.array(state["keras"], dtype=generator.dtype))
 
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import keras
 
+from ktrainer.compat.keras_internals import flat_layers
+
 __all__ = ["CallRecord", "watch_calls", "warn_if_not_training"]
 
 log = logging.getLogger("ktrainer")
@@ -69,7 +71,7 @@ def watch_calls(model: keras.Model) -> Iterator[CallRecord]:
     try:
         patched.append((model, model.__dict__.get("call")))
         model.call = watch_outputs(model.call)
-        for layer in model._flatten_layers(include_self=False):
+        for layer in flat_layers(model):
             if _training_dependent(layer):
                 patched.append((layer, layer.__dict__.get("call")))
                 layer.call = watch_training(layer, layer.call)

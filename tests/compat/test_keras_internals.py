@@ -22,6 +22,21 @@ def test_a_keras_without_the_internal_fails_loudly(monkeypatch):
         keras_internals._check()
 
 
+def test_a_keras_without_flatten_layers_fails_loudly(monkeypatch):
+    monkeypatch.delattr(keras.layers.Layer, "_flatten_layers")
+    with pytest.raises(ImportError, match="_flatten_layers.*install a Keras release ktrainer supports"):
+        keras_internals._check()
+
+
+def test_flat_layers_finds_nested_models_and_layers_held_as_attributes_without_the_model():
+    inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="inner_dense")], name="inner")
+    outer = keras.Sequential([keras.Input((3,)), inner, keras.layers.Dense(1, name="head")], name="outer")
+    names = [layer.name for layer in keras_internals.flat_layers(outer)
+             if not isinstance(layer, keras.layers.InputLayer)]
+    assert names == ["inner", "inner_dense", "head"]
+    assert "outer" not in names and [layer.name for layer in outer.layers] == ["inner", "head"]
+
+
 class SeesKeras(kt.callbacks.Callback):
     def __init__(self):
         self.during_the_run = []

@@ -8,12 +8,13 @@ import pytest
 import tensorflow as tf
 
 import ktrainer as kt
+from ktrainer.backends.tensorflow.feed import epoch_dataset
 from ktrainer.data.sources import BatchSource
 from tests.helpers import Regressor, regression_data
 
 
 def _batches(source, epoch=0, skip=0, seed=0):
-    return [tf.nest.map_structure(lambda t: t.numpy(), b) for b in source.epoch(epoch, skip, seed)]
+    return [tf.nest.map_structure(lambda t: t.numpy(), b) for b in epoch_dataset(source, epoch, skip, seed)]
 
 
 def test_numpy_is_batched_and_shuffled_per_epoch_deterministically():

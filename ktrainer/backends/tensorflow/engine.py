@@ -13,6 +13,7 @@ import tensorflow as tf
 from ktrainer.backends.accelerators import Accelerators
 from ktrainer.backends.engine import Engine, Runner
 from ktrainer.backends.tensorflow import flops, hardware, memory
+from ktrainer.backends.tensorflow.feed import element_spec, epoch_dataset
 from ktrainer.backends.tensorflow.steps import CompiledSteps, compile_predict_step, discover_outputs
 from ktrainer.backends.tensorflow.train_step import TrainStep
 from ktrainer.step.outputs import EvalStep
@@ -71,7 +72,7 @@ class TensorFlowEngine(Engine):
     def prepare_train_step(self, step: TrainStep, source: Any) -> list[str]:
         """Trace `step.forward` on the data's spec (inside the scope), then build the step's variables."""
         with self.strategy.scope():
-            keys = discover_outputs(step.forward, source.element_spec)
+            keys = discover_outputs(step.forward, element_spec(source))
             step.build()
         return keys
 
@@ -82,17 +83,17 @@ class TensorFlowEngine(Engine):
     def eval_runner(self, module: Any, source: Any, hook: str, prefix: str) -> Runner:
         """`CompiledSteps` of an `EvalStep` (traced here, which builds a subclassed model)."""
         step = EvalStep(module, hook, prefix)
-        return CompiledSteps(step, self.strategy, discover_outputs(step, source.element_spec))
+        return CompiledSteps(step, self.strategy, discover_outputs(step, element_spec(source)))
 
     def batches(self, source: Any, epoch: int = 0, skip_batches: int = 0, seed: int = 0) -> Iterator[Any]:
         """The strategy's distributed iterator over the epoch's tf.data.Dataset (a stream's one, `source.reader`)."""
-        return source.reader(
-            lambda: iter(self.strategy.experimental_distribute_dataset(source.epoch(epoch, skip_batches, seed))))
+        distribute = self.strategy.experimental_distribute_dataset
+        return source.reader(lambda: iter(distribute(epoch_dataset(source, epoch, skip_batches, seed))))
 
     def predict(self, module: Any, source: Any) -> list[Any]:
         """The compiled predict step over every global batch."""
         step = compile_predict_step(module, self.strategy)
-        dataset = self.strategy.experimental_distribute_dataset(source.epoch(0))
+        dataset = self.strategy.experimental_distribute_dataset(epoch_dataset(source))
         return [keras.tree.map_structure(np.asarray, step(batch, tf.constant(index, tf.int64)))
                 for index, batch in enumerate(dataset)]
 
