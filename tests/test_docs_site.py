@@ -57,7 +57,7 @@ def test_the_api_reference_is_generated_from_the_docstrings(site):
     trainer_page = _text(site / "api" / "trainer" / "index.html")
     assert "then run epochs of training (and validation) until a limit" in trainer_page
     # whatever Trainer.fit's docstring says today: its summary and its ckpt_path description are on the page
-    doc = _docstring(ROOT / "ktrainer" / "trainer.py", "Trainer", "fit")
+    doc = _docstring(ROOT / "ktrainer" / "trainer" / "trainer.py", "Trainer", "fit")
     summary = _words(doc.splitlines()[0])
     assert summary in trainer_page
     ckpt = re.search(r"ckpt_path: (.*?)\n\s+\w+:", doc, re.S).group(1)
