@@ -57,7 +57,7 @@ def output_dtypes(model: keras.Model) -> tuple[list[str], list[str]]:
 
 
 def check_output_dtype(dtypes: list[str], precision_name: str, compute_dtype: str,
-                       layers: list[str] | None = None) -> None:
+                       layers: list[str] | None = None, whose: str = "the model's output") -> None:
     """Warn, with the exact fix, when a float16/bfloat16 model's output is not float32.
 
     Args:
@@ -65,6 +65,7 @@ def check_output_dtype(dtypes: list[str], precision_name: str, compute_dtype: st
         precision_name: The precision, for the message.
         compute_dtype: The policy's compute dtype.
         layers: The layers making the outputs that are not float32, when known.
+        whose: What the outputs are, for the message ("the output of 'decoder'" for a sub-model).
     """
     if compute_dtype not in ("float16", "bfloat16") or not dtypes or all(d == "float32" for d in dtypes):
         return
@@ -73,7 +74,7 @@ def check_output_dtype(dtypes: list[str], precision_name: str, compute_dtype: st
     else:
         which = "the layer that makes the model's output"
     warnings.warn(
-        f"precision={precision_name!r}: the model's output is {', '.join(sorted(set(dtypes)))}, not float32. "
+        f"precision={precision_name!r}: {whose} is {', '.join(sorted(set(dtypes)))}, not float32. "
         f"Softmax and the loss need float32's range and precision. Fix: create {which} with dtype=\"float32\", "
         f"e.g. keras.layers.Dense(..., dtype=\"float32\").",
         UserWarning,

@@ -1,9 +1,10 @@
 """What the first trace of the training step shows about how the module uses its model.
 
-While the step is traced once (to learn its outputs), the model's top-level call and its
+While the step is traced once (to learn its outputs), the model, every model nested in it, and its
 training-dependent layers (dropout, batch normalization, noise, recurrent dropout) are watched:
-the dtype of the model's actual outputs (a subclassed model has no `outputs` to read), and the
-`training` value each such layer received. Nothing is watched after that trace.
+the dtypes of what each model called from the step itself returned (a subclassed model has no
+`outputs` to read, and a step may call sub-models directly, as keras.io's VAE calls its encoder and
+decoder), and the `training` value each such layer received. Nothing is watched after that trace.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 import keras
 
 from ktrainer.compat.keras_internals import flat_layers
+from ktrainer.precision.report import check_output_dtype, output_dtypes
 
-__all__ = ["CallRecord", "watch_calls", "warn_if_not_training"]
+__all__ = ["CallRecord", "ModelOutputs", "watch_calls", "warn_if_not_training", "warn_if_outputs_not_float32"]
 
 log = logging.getLogger("ktrainer")
 
@@ -28,15 +30,28 @@ _TRAINING_DEPENDENT = (keras.layers.Dropout, keras.layers.BatchNormalization, ke
 
 
 @dataclass
+class ModelOutputs:
+    """What one model called from the step (not from inside another model) returned.
+
+    Attributes:
+        model: The model called.
+        dtypes: The dtypes of what it returned.
+    """
+
+    model: keras.Model
+    dtypes: list[str]
+
+
+@dataclass
 class CallRecord:
     """What one traced step did with the model.
 
     Attributes:
-        output_dtypes: The dtypes of the model's outputs, in its top-level calls.
+        outputs: One entry per call of a model (the top one or a nested one) made by the step itself.
         training: (layer name, class name, the `training` it got) per call of a training-dependent layer.
     """
 
-    output_dtypes: list[str] = field(default_factory=list)
+    outputs: list[ModelOutputs] = field(default_factory=list)
     training: list[tuple[str, str, Any]] = field(default_factory=list)
 
 
@@ -53,12 +68,19 @@ def watch_calls(model: keras.Model) -> Iterator[CallRecord]:
     """Record, while the block runs (a trace), the model's output dtypes and its layers' `training` values."""
     record = CallRecord()
     patched: list[tuple[keras.layers.Layer, Any]] = []  # (layer, its own instance `call`, if it had one)
+    depth = [0]  # models being called right now: only the outermost call's outputs reach the step
 
-    def watch_outputs(original: Any) -> Any:
+    def watch_outputs(called: keras.Model, original: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
-            outputs = original(*args, **kwargs)
-            record.output_dtypes.extend(keras.backend.standardize_dtype(o.dtype) for o in keras.tree.flatten(outputs)
-                                        if hasattr(o, "dtype"))
+            depth[0] += 1
+            try:
+                outputs = original(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:
+                dtypes = [keras.backend.standardize_dtype(o.dtype) for o in keras.tree.flatten(outputs)
+                          if hasattr(o, "dtype")]
+                record.outputs.append(ModelOutputs(called, dtypes))
             return outputs
         return call
 
@@ -69,10 +91,11 @@ def watch_calls(model: keras.Model) -> Iterator[CallRecord]:
         return call
 
     try:
-        patched.append((model, model.__dict__.get("call")))
-        model.call = watch_outputs(model.call)
-        for layer in flat_layers(model):
-            if _training_dependent(layer):
+        for layer in [model, *flat_layers(model)]:
+            if isinstance(layer, keras.Model):
+                patched.append((layer, layer.__dict__.get("call")))
+                layer.call = watch_outputs(layer, layer.call)
+            elif _training_dependent(layer):
                 patched.append((layer, layer.__dict__.get("call")))
                 layer.call = watch_training(layer, layer.call)
         yield record
@@ -96,3 +119,18 @@ def warn_if_not_training(record: CallRecord) -> None:
             UserWarning,
             stacklevel=3,
         )
+
+
+def warn_if_outputs_not_float32(record: CallRecord, model: keras.Model, precision: Any) -> None:
+    """Warn, once per model, when a model the step called returned float16/bfloat16 (see `check_output_dtype`).
+
+    `model`'s own outputs, when it is functional, were checked when it was built and are not checked again.
+    """
+    checked = {id(model)} if getattr(model, "outputs", None) else set()
+    for called in record.outputs:
+        if id(called.model) in checked:
+            continue
+        checked.add(id(called.model))
+        whose = "the model's output" if called.model is model else f"the output of {called.model.name!r}"
+        layers = output_dtypes(called.model)[1]
+        check_output_dtype(called.dtypes, precision.name, precision.compute_dtype, layers, whose=whose)

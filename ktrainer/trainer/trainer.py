@@ -42,7 +42,7 @@ from ktrainer.loop.run_summary import fit_summary
 from ktrainer.loop.trainer_state import TrainerState
 from ktrainer.module import Module
 from ktrainer.precision import LayerPrecision, resolve_precision
-from ktrainer.precision.report import check_output_dtype, precision_report
+from ktrainer.precision.report import precision_report
 from ktrainer.progress import Progress, draw_seed
 from ktrainer.schedule import Schedule, check_validation_rhythm
 from ktrainer.trainer.building import build_model, build_optimizers
@@ -53,7 +53,7 @@ from ktrainer.trainer.module_checks import warn_val_data_without_validation_step
 from ktrainer.trainer.resume_checks import check_checkpoint_dirs, check_global_batch
 from ktrainer.trainer.saving import save_checkpoint_at
 from ktrainer.trainer.state_dict import load_trainer_state_dict, trainer_state_dict
-from ktrainer.trainer.tracing import warn_if_not_training, watch_calls
+from ktrainer.trainer.tracing import warn_if_not_training, warn_if_outputs_not_float32, watch_calls
 from ktrainer.utils.fs import Location
 from ktrainer.utils.logs import show_events
 
@@ -463,8 +463,7 @@ class Trainer:
             with watch_calls(module.model) as calls:
                 keys = self.engine.prepare_train_step(train_step, train)
             warn_if_not_training(calls)
-            if not getattr(module.model, "outputs", None):  # a subclassed model: its calls showed the dtypes
-                check_output_dtype(calls.output_dtypes, self.precision.name, self.precision.compute_dtype)
+            warn_if_outputs_not_float32(calls, module.model, self.precision)
             if resumed is not None:
                 self._resume(resumed)
             train_runner = self.engine.train_runner(train_step, keys)

@@ -71,3 +71,42 @@ def test_a_model_called_without_training_true_in_training_step_is_warned_about_o
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fit(WithDropout(training=True))
+
+
+class VAE(keras.Model):
+    """keras.io's VAE shape: the step calls the encoder and the decoder itself, never the VAE's own call."""
+
+    def __init__(self, decoder_dtype):
+        super().__init__()
+        inputs = keras.Input((20,))
+        self.encoder = keras.Model(inputs, keras.layers.Dense(4, name="z", dtype="float32")(
+            keras.layers.Dense(8, activation="relu")(inputs)), name="encoder")
+        latent = keras.Input((4,))
+        self.decoder = keras.Model(latent, keras.layers.Dense(20, name="reconstruction", dtype=decoder_dtype)(
+            keras.layers.Dense(8, activation="relu")(latent)), name="decoder")
+
+    def call(self, x):
+        return self.decoder(self.encoder(x))
+
+
+class VAEModule(Classifier):
+    def __init__(self, decoder_dtype):
+        super().__init__()
+        self.decoder_dtype = decoder_dtype
+
+    def build(self):
+        return VAE(self.decoder_dtype)
+
+    def training_step(self, batch):
+        x, _ = batch
+        z = self.model.encoder(x, training=True)
+        reconstruction = self.model.decoder(z, training=True)
+        return keras.ops.mean(keras.ops.square(keras.ops.cast(reconstruction, "float32") - x))
+
+
+def test_a_sub_model_the_step_calls_itself_is_checked_for_its_output_dtype():
+    with pytest.warns(UserWarning, match=r"the output of 'decoder' is float16, not float32.*'reconstruction'"):
+        fit(VAEModule(None), precision="16-mixed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit(VAEModule("float32"), precision="16-mixed")
