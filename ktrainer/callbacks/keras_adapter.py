@@ -20,14 +20,15 @@ from ktrainer.callbacks.callback import Callback
 
 __all__ = ["KerasCallback", "wrap_keras_callback", "REFUSED"]
 
-# Keras callbacks that cannot work inside a ktrainer run, and what does their job here.
+# Keras callbacks that cannot work inside a ktrainer run: what to do instead, as the message's last sentences.
 REFUSED = {
-    "BackupAndRestore": "ktrainer's checkpoints already resume exactly: trainer.fit(module, ckpt_path='last')",
-    "ModelCheckpoint": "kt.callbacks.ModelCheckpoint (full training state, any fsspec URL, exact resume; "
-                       "export_keras=True also writes .keras files)",
-    "TensorBoard": "kt.loggers.TensorBoardLogger (on by default: Trainer(logger=True))",
-    "ProgbarLogger": "the Trainer's own progress bar (Trainer(enable_progress_bar=True))",
-    "History": "the History that trainer.fit(...) returns",
+    "BackupAndRestore": "Remove it: ktrainer's own checkpoints already resume a run exactly, mid-epoch too. "
+                        "To resume, pass ckpt_path=\"last\": trainer.fit(module, ckpt_path=\"last\").",
+    "ModelCheckpoint": "Use kt.callbacks.ModelCheckpoint instead (full training state, any fsspec URL, exact "
+                       "resume; export_keras=True also writes .keras files).",
+    "TensorBoard": "Use kt.loggers.TensorBoardLogger instead (on by default: Trainer(logger=True)).",
+    "ProgbarLogger": "Use the Trainer's own progress bar instead (Trainer(enable_progress_bar=True)).",
+    "History": "Use the History that trainer.fit(...) returns instead.",
 }
 
 
@@ -54,8 +55,8 @@ def wrap_keras_callback(callback: Any) -> KerasCallback:
     """
     for kind in type(callback).__mro__:
         if kind.__module__.startswith("keras") and kind.__name__ in REFUSED:
-            raise ValueError(f"callbacks: keras.callbacks.{kind.__name__} cannot work in a ktrainer run. Use "
-                             f"{REFUSED[kind.__name__]} instead.")
+            raise ValueError(f"callbacks: keras.callbacks.{kind.__name__} cannot work in a ktrainer run. "
+                             f"{REFUSED[kind.__name__]}")
     return KerasCallback(callback)
 
 

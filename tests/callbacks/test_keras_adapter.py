@@ -151,11 +151,17 @@ def test_keras_names_in_logs_csv_logger_and_terminate_on_nan(tmp_path):
 
 
 @pytest.mark.parametrize(("callback", "equivalent"), [
-    (keras.callbacks.BackupAndRestore("backup"), "ckpt_path='last'"),
-    (keras.callbacks.ModelCheckpoint("model.keras"), "kt.callbacks.ModelCheckpoint"),
-    (keras.callbacks.TensorBoard(), "kt.loggers.TensorBoardLogger"),
+    (keras.callbacks.BackupAndRestore("backup"), "Remove it: ktrainer's own checkpoints already resume a run "
+                                                 "exactly, mid-epoch too. To resume, pass ckpt_path=\"last\": "
+                                                 "trainer.fit(module, ckpt_path=\"last\")."),
+    (keras.callbacks.ModelCheckpoint("model.keras"), "Use kt.callbacks.ModelCheckpoint instead"),
+    (keras.callbacks.TensorBoard(), "Use kt.loggers.TensorBoardLogger instead"),
+    (keras.callbacks.ProgbarLogger(), "Use the Trainer's own progress bar instead"),
+    (keras.callbacks.History(), "Use the History that trainer.fit(...) returns instead"),
 ])
 def test_keras_callbacks_that_cannot_work_here_are_refused_naming_the_equivalent(callback, equivalent):
-    with pytest.raises(ValueError, match=f"keras.callbacks.{type(callback).__name__} cannot work in a ktrainer "
-                                         f"run. Use .*{equivalent}"):
+    with pytest.raises(ValueError) as refused:
         kt.Trainer(callbacks=[callback])
+    message = str(refused.value)
+    assert message.startswith(f"callbacks: keras.callbacks.{type(callback).__name__} cannot work in a ktrainer run. ")
+    assert equivalent in message
