@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,37 @@ def branch_of_last(infos: list[CheckpointInfo], directory: str | None = None) ->
             break
         tip = by_name.get(parent.rpartition("/")[2])
     return branch
+
+
+def code_in_config(config: Any, uri: str) -> str | None:
+    """Why exporting this model config would run Python code stored in the checkpoint, or None when it holds none.
+
+    A `keras.layers.Lambda` keeps its function as marshalled bytecode, which runs when the model is rebuilt;
+    Keras's safe mode refuses to rebuild it, and so does the export, before any of it is read.
+    """
+    lambdas = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("class_name") == "Lambda" and isinstance(node.get("config"), dict):
+                lambdas.append(node["config"].get("name", "?"))
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, list):
+            for value in node:
+                visit(value)
+
+    visit(config)
+    if not lambdas:
+        return None
+    listed = ", ".join(f"{name!r} (a keras.layers.Lambda)" for name in lambdas)
+    return (f"the model config in {uri} holds Python code: layer{'s' if len(lambdas) > 1 else ''} {listed} "
+            "keep their function as compiled Python, which would run while the model is rebuilt, so Keras's "
+            "safe_mode refuses to rebuild it and the export does too; nothing was written. To export, rebuild "
+            "the model from your own code and save it there: trainer.predict(module, x, ckpt_path=URI) loads "
+            "the checkpoint's weights into module.model, then module.model.save(\"model.keras\"); or train "
+            "with ModelCheckpoint(export_keras=True); or replace the Lambda with a custom layer registered with "
+            "keras.saving.register_keras_serializable, whose config holds no code.")
 
 
 def add_parser(commands: Any) -> None:
@@ -156,6 +188,10 @@ def run_export(args: argparse.Namespace) -> int:
     if config is None:
         raise ValueError(f"{args.uri} holds no model config (a subclassed model without get_config); export it "
                          "from Python with model.save() after loading, or use ModelCheckpoint(export_keras=True).")
+    refusal = code_in_config(config, args.uri)
+    if refusal:
+        print(f"ktrainer ckpt export: refused: {refusal}", file=sys.stderr)
+        return 1
     with tensorflow_left_alone():  # on JAX, Keras would import TensorFlow to check types no object here has
         model = keras.saving.deserialize_keras_object(config)
     for variable, array in zip(model.variables, state["model"].values(), strict=True):

@@ -80,3 +80,26 @@ def test_ls_without_checksums_says_complete_not_valid_and_verify_catches_a_bit_f
     assert main(["ckpt", "ls", str(tmp_path)]) == 0
     assert f"INVALID: {shard.name} does not match its crc32c checksum" in capsys.readouterr().out
     assert main(["ckpt", "verify", str(tmp_path)]) == 1
+
+
+class WithLambda(Classifier):
+    def build(self):
+        import keras
+
+        inputs = keras.Input((20,))
+        hidden = keras.layers.Lambda(lambda t: t * 2.0, name="doubled")(keras.layers.Dense(16)(inputs))
+        return keras.Model(inputs, keras.layers.Dense(3, dtype="float32")(hidden))
+
+
+def test_export_of_a_model_with_a_lambda_is_refused_in_one_paragraph_and_writes_nothing(tmp_path, capsys):
+    kt.Trainer(max_steps=2, batch_size=32, default_root_dir=str(tmp_path), enable_progress_bar=False,
+               logger=False).fit(WithLambda())
+    [checkpoint] = (tmp_path / "checkpoints").glob("step-*")
+    out = tmp_path / "model.keras"
+    capsys.readouterr()
+    assert main(["ckpt", "export", str(checkpoint), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "'doubled' (a keras.layers.Lambda)" in err and "Python code" in err
+    assert "safe_mode" in err and "model.save(" in err
+    assert not out.exists()
