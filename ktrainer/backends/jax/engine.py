@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ktrainer.backends.accelerators import Accelerators
 from ktrainer.backends.engine import Engine, InFlight, Runner
+from ktrainer.backends.jax.cpu_float16 import check_float16_lowers_on_cpu
 from ktrainer.backends.jax.flops import matmul_flops
 from ktrainer.backends.jax.read_ahead import ReadAhead
 from ktrainer.backends.jax.train_step import JaxTrainStep, current_values, stateless_values, tracing_scope
@@ -150,6 +151,8 @@ class JaxEngine(Engine):
         step.batch_spec = shape_spec(source.first_batch())
         with self.scope(), tracing_scope(step.module):
             logs = jax.eval_shape(lambda b: step.forward(b)[0], step.batch_spec)
+            check_float16_lowers_on_cpu(lambda b: step.forward(b)[0], step.batch_spec, self.plan.jax_devices(),
+                                        step.precision.compute_dtype, step.precision.name)
         with self.scope():
             step.build()
         step.keys = step.output_keys(list(logs))
