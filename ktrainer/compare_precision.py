@@ -152,7 +152,7 @@ class _LossTimer(Callback):
         self.losses: list[float] = []
         self.times: list[float] = []
 
-    def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: Module, metrics: dict[str, float], batch_idx: int) -> None:
         self.losses.append(metrics["train/loss_step"])
         self.times.append(time.perf_counter())
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
 
 __all__ = ["Callback"]
 
@@ -30,7 +34,7 @@ class Callback:
 
     runs_first_in: tuple[str, ...] = ()
 
-    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+    def setup(self, trainer: Trainer, module: Module, stage: str) -> None:
         """Called when fit/validate/test/predict begins, before the model is built.
 
         Args:
@@ -39,16 +43,16 @@ class Callback:
             stage: "fit", "validate", "test" or "predict".
         """
 
-    def on_fit_start(self, trainer: Any, module: Any) -> None:
+    def on_fit_start(self, trainer: Trainer, module: Module) -> None:
         """Called once the model and optimizer exist, before the first epoch."""
 
-    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
         """Called at the start of each training epoch."""
 
-    def on_train_batch_start(self, trainer: Any, module: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Trainer, module: Module, batch_idx: int) -> None:
         """Called before each compiled execution; `batch_idx` is the first batch it runs."""
 
-    def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: Module, metrics: dict[str, float], batch_idx: int) -> None:
         """Called after each compiled execution.
 
         Args:
@@ -58,50 +62,50 @@ class Callback:
             batch_idx: Index, within the epoch, of the last batch run.
         """
 
-    def on_validation_start(self, trainer: Any, module: Any) -> None:
+    def on_validation_start(self, trainer: Trainer, module: Module) -> None:
         """Called before a validation loop (within fit, or by `validate`)."""
 
-    def on_validation_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_validation_epoch_start(self, trainer: Trainer, module: Module) -> None:
         """Called right before the validation batches, after the module's validation metrics were reset."""
 
-    def on_validation_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_epoch_end(self, trainer: Trainer, module: Module) -> None:
         """Called right after the validation batches, after the module's `on_validation_epoch_end`."""
 
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_end(self, trainer: Trainer, module: Module) -> None:
         """Called after a validation loop; `trainer.callback_metrics` holds its results."""
 
-    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
         """Called at the end of each training epoch, after its validation."""
 
-    def on_train_end(self, trainer: Any, module: Any) -> None:
+    def on_train_end(self, trainer: Trainer, module: Module) -> None:
         """Called when the training loop ends normally, before an optimizer's moving averages (`use_ema`)
         replace the weights: the raw state, which a resume continues from."""
 
-    def on_fit_end(self, trainer: Any, module: Any) -> None:
+    def on_fit_end(self, trainer: Trainer, module: Module) -> None:
         """Called when fit ends normally, last (the weights are the final ones, averaged under `use_ema`)."""
 
-    def on_test_start(self, trainer: Any, module: Any) -> None:
+    def on_test_start(self, trainer: Trainer, module: Module) -> None:
         """Called before the test loop."""
 
-    def on_test_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_test_epoch_start(self, trainer: Trainer, module: Module) -> None:
         """Called right before the test batches, after the module's test metrics were reset."""
 
-    def on_test_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_test_epoch_end(self, trainer: Trainer, module: Module) -> None:
         """Called right after the test batches, after the module's `on_test_epoch_end`."""
 
-    def on_test_end(self, trainer: Any, module: Any) -> None:
+    def on_test_end(self, trainer: Trainer, module: Module) -> None:
         """Called after the test loop."""
 
-    def on_predict_start(self, trainer: Any, module: Any) -> None:
+    def on_predict_start(self, trainer: Trainer, module: Module) -> None:
         """Called before the predict loop."""
 
-    def on_predict_end(self, trainer: Any, module: Any) -> None:
+    def on_predict_end(self, trainer: Trainer, module: Module) -> None:
         """Called after the predict loop."""
 
-    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, module: Module, exception: BaseException) -> None:
         """Called when an error interrupts fit/validate/test/predict, before teardown."""
 
-    def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+    def teardown(self, trainer: Trainer, module: Module, stage: str) -> None:
         """Called last, also after an error."""
 
     def state_dict(self) -> dict[str, Any]:

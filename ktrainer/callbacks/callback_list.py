@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
 
 __all__ = ["call_hook", "in_hook_order"]
 
@@ -19,7 +23,7 @@ def in_hook_order(callbacks: list, hook: str) -> list:
     return first + [callback for callback in callbacks if not runs_first(callback)]
 
 
-def call_hook(callbacks: list, hook: str, trainer: Any, module: Any, *args: Any) -> None:
+def call_hook(callbacks: list, hook: str, trainer: Trainer, module: Module, *args: Any) -> None:
     """Call `hook` on every callback, in hook order (`in_hook_order`)."""
     for callback in in_hook_order(callbacks, hook):
         getattr(callback, hook)(trainer, module, *args)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ktrainer.callbacks.callback import Callback
 from ktrainer.checks import check_bool, check_choice, check_int
+
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
 
 __all__ = ["EarlyStopping"]
 
@@ -57,23 +61,23 @@ class EarlyStopping(Callback):
         self.check_on_train_epoch_end = None if check_on_train_epoch_end is None else check_bool(
             "check_on_train_epoch_end", check_on_train_epoch_end)
 
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_end(self, trainer: Trainer, module: Module) -> None:
         """Check after each validation in fit, when validations do not fall once at every epoch's end."""
         if trainer.state.stage == "fit" and not self._checks_at_epoch_ends(trainer):
             self._check(trainer, module)
 
-    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
         """Check at every epoch's end, once its validation ran and its metrics are logged, when validations fall
         once at every epoch's end (the default) or the fit has none (then a training metric is monitored)."""
         if self._checks_at_epoch_ends(trainer):
             self._check(trainer, module)
 
-    def _checks_at_epoch_ends(self, trainer: Any) -> bool:
+    def _checks_at_epoch_ends(self, trainer: Trainer) -> bool:
         if self.check_on_train_epoch_end is not None:
             return self.check_on_train_epoch_end
         return _checks_at_epoch_ends(trainer)
 
-    def _check(self, trainer: Any, module: Any) -> None:
+    def _check(self, trainer: Trainer, module: Module) -> None:
         value = trainer.callback_metrics.get(self.monitor)
         if value is None:
             if self.strict:
@@ -125,7 +129,7 @@ class EarlyStopping(Callback):
         self.best_weights = [np.array(w, copy=True) for w in weights] if weights is not None else None
 
 
-def _checks_at_epoch_ends(trainer: Any) -> bool:
+def _checks_at_epoch_ends(trainer: Trainer) -> bool:
     """Lightning's rule: at epoch ends with the default rhythm or no validation; after each validation otherwise
     (at an epoch end with no validation the monitored value would be an old validation's)."""
     schedule = trainer.schedule

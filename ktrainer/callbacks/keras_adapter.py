@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
 
 from ktrainer.callbacks.callback import Callback
+
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
 
 __all__ = ["KerasCallback", "wrap_keras_callback", "REFUSED"]
 
@@ -78,11 +82,11 @@ class KerasCallback(Callback):
         """"Keras" and the wrapped class."""
         return f"Keras{type(self.callback).__qualname__}"
 
-    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+    def setup(self, trainer: Trainer, module: Module, stage: str) -> None:
         """Forget state a failed call loaded but never put back (the model exists only once the Trainer built it)."""
         self._resumed = None
 
-    def _attach(self, trainer: Any, module: Any) -> None:
+    def _attach(self, trainer: Trainer, module: Module) -> None:
         model = module.model
         if trainer.optimizer is not None:
             model.optimizer = trainer.optimizer
@@ -90,12 +94,12 @@ class KerasCallback(Callback):
         self.callback.set_model(model)
         self.callback.set_params({"epochs": trainer.max_epochs, "steps": trainer.num_training_batches, "verbose": 0})
 
-    def _stop_if_asked(self, trainer: Any, module: Any) -> None:
+    def _stop_if_asked(self, trainer: Trainer, module: Module) -> None:
         if getattr(module.model, "stop_training", False) and not trainer.should_stop:
             trainer.should_stop = True
             trainer.stop_reason = f"{type(self.callback).__name__} set model.stop_training"
 
-    def on_fit_start(self, trainer: Any, module: Any) -> None:
+    def on_fit_start(self, trainer: Trainer, module: Module) -> None:
         """`on_train_begin`; in a resumed run, then the saved attributes again, as Keras callbacks reset
         themselves there (ReduceLROnPlateau's `wait` and `best`, EarlyStopping's)."""
         self._attach(trainer, module)
@@ -104,60 +108,60 @@ class KerasCallback(Callback):
             self._put_back(self._resumed)
             self._resumed = None
 
-    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
         """`on_epoch_begin`."""
         self._epoch_logs = {}
         self.callback.on_epoch_begin(trainer.current_epoch, logs={})
         self._stop_if_asked(trainer, module)
 
-    def on_train_batch_start(self, trainer: Any, module: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Trainer, module: Module, batch_idx: int) -> None:
         """`on_train_batch_begin`."""
         self.callback.on_train_batch_begin(batch_idx, logs={})
 
-    def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: Module, metrics: dict[str, float], batch_idx: int) -> None:
         """`on_train_batch_end`, with the step's metrics."""
         self.callback.on_train_batch_end(batch_idx, logs=keras_names(metrics))
         self._stop_if_asked(trainer, module)
 
-    def on_validation_start(self, trainer: Any, module: Any) -> None:
+    def on_validation_start(self, trainer: Trainer, module: Module) -> None:
         """`on_test_begin` (Keras runs its callbacks' test hooks around fit's validation too)."""
         if trainer.state.stage == "validate":
             self._attach(trainer, module)
         self.callback.on_test_begin(logs={})
 
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_end(self, trainer: Trainer, module: Module) -> None:
         """`on_test_end`, with the validation results."""
         results = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
         self._epoch_logs.update(results)
         self.callback.on_test_end(logs=keras_names(results))
 
-    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
         """`on_epoch_end`, with the epoch's metrics and its validation's, under Keras's names too."""
         logs = {k: v for k, v in trainer.callback_metrics.items() if k.endswith("_epoch") or k.startswith("val/")}
         logs = keras_names({**logs, **self._epoch_logs})
         self.callback.on_epoch_end(trainer.current_epoch, logs={k: v for k, v in logs.items() if math.isfinite(v)})
         self._stop_if_asked(trainer, module)
 
-    def on_train_end(self, trainer: Any, module: Any) -> None:
+    def on_train_end(self, trainer: Trainer, module: Module) -> None:
         """`on_train_end` (e.g. Keras's EarlyStopping restores its best weights here)."""
         self.callback.on_train_end(logs=keras_names(dict(trainer.callback_metrics)))
 
-    def on_test_start(self, trainer: Any, module: Any) -> None:
+    def on_test_start(self, trainer: Trainer, module: Module) -> None:
         """`on_test_begin`."""
         self._attach(trainer, module)
         self.callback.on_test_begin(logs={})
 
-    def on_test_end(self, trainer: Any, module: Any) -> None:
+    def on_test_end(self, trainer: Trainer, module: Module) -> None:
         """`on_test_end`, with the test results."""
         self.callback.on_test_end(logs=keras_names({k: v for k, v in trainer.callback_metrics.items()
                                                     if k.startswith("test/")}))
 
-    def on_predict_start(self, trainer: Any, module: Any) -> None:
+    def on_predict_start(self, trainer: Trainer, module: Module) -> None:
         """`on_predict_begin`."""
         self._attach(trainer, module)
         self.callback.on_predict_begin(logs={})
 
-    def on_predict_end(self, trainer: Any, module: Any) -> None:
+    def on_predict_end(self, trainer: Trainer, module: Module) -> None:
         """`on_predict_end`."""
         self.callback.on_predict_end(logs={})
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 
 from ktrainer.callbacks.callback import Callback
 from ktrainer.checks import check_choice
+
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
 
 __all__ = ["LearningRateMonitor", "current_learning_rate"]
 
@@ -38,7 +42,7 @@ class LearningRateMonitor(Callback):
     def __init__(self, logging_interval: str = "step") -> None:
         self.logging_interval = check_choice("logging_interval", logging_interval, ("step", "epoch"))
 
-    def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: Module, metrics: dict[str, float], batch_idx: int) -> None:
         """Log at every log step this execution passed, each with that step's rate (as one batch per execution
         would: with `steps_per_execution` > 1 a schedule's rate changes within an execution)."""
         logged = trainer.state.logged_steps
@@ -50,17 +54,17 @@ class LearningRateMonitor(Callback):
         for step, updates_after in logged:
             trainer.log_metrics(self._rates(trainer, updates_after), step=step)
 
-    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
         """Log at each epoch start, with interval "epoch"."""
         if self.logging_interval == "epoch":
             self._log(trainer)
 
-    def _log(self, trainer: Any) -> None:
+    def _log(self, trainer: Trainer) -> None:
         trainer.engine.sync()  # on JAX the optimizer's variables are stale while its state is live
         trainer.log_metrics(self._rates(trainer, 0))
 
     @staticmethod
-    def _rates(trainer: Any, updates_ago: int) -> dict[str, float]:
+    def _rates(trainer: Trainer, updates_ago: int) -> dict[str, float]:
         rates, seen = {}, {}
         for optimizer in trainer.optimizers:
             inner = getattr(optimizer, "inner_optimizer", optimizer)

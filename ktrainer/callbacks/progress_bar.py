@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from tqdm.auto import tqdm
 
 from ktrainer.callbacks.callback import Callback
 from ktrainer.callbacks.results_table import results_table
+
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
 
 __all__ = ["ProgressBar", "epoch_steps"]
 
@@ -29,7 +33,7 @@ def _clock(seconds: float, decimals: bool = False) -> str:
     return f"{text}.{int((seconds - whole) * 100):02d}" if decimals else text
 
 
-def epoch_steps(trainer: Any) -> int | None:
+def epoch_steps(trainer: Trainer) -> int | None:
     """Optimizer steps in one training epoch, as the bar counts them; None when the data's length is unknown.
 
     The batches are `trainer.num_training_batches` (exact: numpy data, or an int
@@ -42,7 +46,7 @@ def epoch_steps(trainer: Any) -> int | None:
     return None if batches is None else math.ceil(batches / _accumulation(trainer))
 
 
-def _accumulation(trainer: Any) -> int:
+def _accumulation(trainer: Trainer) -> int:
     return trainer.accumulate_grad_batches
 
 
@@ -84,7 +88,7 @@ class ProgressBar(Callback):
     def _plain(self) -> bool:
         return self.force_plain or not getattr(self._out, "isatty", lambda: False)()
 
-    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
         """Start this epoch's bar (at the resumed position, when resumed mid-epoch)."""
         self._epoch_start = self._last_print = time.monotonic()
         self._total = epoch_steps(trainer)
@@ -94,23 +98,23 @@ class ProgressBar(Callback):
             self._bar = tqdm(total=self._total, initial=self._steps_done, file=self._out, dynamic_ncols=True,
                              desc=self._describe(trainer), unit="step", leave=True)
 
-    def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: Module, metrics: dict[str, float], batch_idx: int) -> None:
         """Advance the bar, or print a line when it is time."""
         self._advance_to((batch_idx + 1) // _accumulation(trainer), trainer)
         if self._bar is None and time.monotonic() - self._last_print >= self.print_every_secs:
             self._print_line(trainer)
 
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_end(self, trainer: Trainer, module: Module) -> None:
         """Show the validation metrics on the bar; a standalone `validate()` prints its results table."""
         if self._bar is not None:
             self._bar.set_postfix_str(self._postfix(trainer))
         self._print_results(trainer)
 
-    def on_test_end(self, trainer: Any, module: Any) -> None:
+    def on_test_end(self, trainer: Trainer, module: Module) -> None:
         """Print the results table of `test()`."""
         self._print_results(trainer)
 
-    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
         """Close the bar, or print the epoch's closing line (with the epoch's time)."""
         batches = trainer.progress.batch_in_epoch
         accumulate = _accumulation(trainer)
@@ -123,13 +127,13 @@ class ProgressBar(Callback):
         else:
             self._print_line(trainer, epoch_end=True)
 
-    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, module: Module, exception: BaseException) -> None:
         """Close the bar so the traceback is readable."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
 
-    def _advance_to(self, steps: int, trainer: Any) -> None:
+    def _advance_to(self, steps: int, trainer: Trainer) -> None:
         advanced = steps - self._steps_done
         self._steps_done = steps
         if self._bar is not None:
@@ -142,15 +146,15 @@ class ProgressBar(Callback):
         steps_per_sec = (self._steps_done - self._first_step) / elapsed
         return elapsed, steps_per_sec, steps_per_sec * self._samples_per_step
 
-    def _postfix(self, trainer: Any) -> str:
+    def _postfix(self, trainer: Trainer) -> str:
         _, _, samples_per_sec = self._rates()
         return f"{samples_per_sec:.1f} samples/s, {_format_metrics(trainer.progress_bar_metrics)}".rstrip(", ")
 
-    def _describe(self, trainer: Any) -> str:
+    def _describe(self, trainer: Trainer) -> str:
         last = f"/{trainer.max_epochs}" if trainer.max_epochs is not None else ""
         return f"Epoch {trainer.current_epoch + 1}{last}"
 
-    def _print_line(self, trainer: Any, epoch_end: bool = False) -> None:
+    def _print_line(self, trainer: Trainer, epoch_end: bool = False) -> None:
         self._last_print = time.monotonic()
         elapsed, steps_per_sec, samples_per_sec = self._rates()
         total = self._total
@@ -165,7 +169,7 @@ class ProgressBar(Callback):
         print(f"{self._describe(trainer)} step {position} {steps_per_sec:.2f} step/s {samples_per_sec:.1f} samples/s "
               f"{timing} {metrics}".rstrip(), file=self._out, flush=True)
 
-    def _print_results(self, trainer: Any) -> None:
+    def _print_results(self, trainer: Trainer) -> None:
         """The results table, for a standalone validate/test run only (not the validation inside fit)."""
         if trainer.state.stage not in _TITLES:
             return

@@ -7,9 +7,13 @@ import math
 import re
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ktrainer.callbacks.callback import Callback
+
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
 
 __all__ = ["ThroughputMonitor", "peak_flops_per_device"]
 
@@ -48,7 +52,7 @@ def peak_flops_per_device(device_name: str, precision: str, tf32: bool = True) -
     return None
 
 
-def _device_peak(trainer: Any) -> float | None:
+def _device_peak(trainer: Trainer) -> float | None:
     if trainer.plan.accelerator != "gpu":
         return None
     name, tf32 = trainer.engine.device_name(), trainer.engine.tf32_enabled()
@@ -121,7 +125,7 @@ class ThroughputMonitor(Callback):
         self._since_log, self._epoch = _Tally(), _Tally()
         self._first_batch, self._steps_before = 0, 0
 
-    def on_fit_start(self, trainer: Any, module: Any) -> None:
+    def on_fit_start(self, trainer: Trainer, module: Module) -> None:
         """Find the peak and the FLOPs per step of this run; restart the clock."""
         self._reset_clock()
         peak = self.peak_flops_per_device if self.peak_flops_per_device is not None else _device_peak(trainer)
@@ -133,17 +137,17 @@ class ThroughputMonitor(Callback):
                 log.info("ThroughputMonitor could not count the model's FLOPs (e.g. a subclassed model on "
                          "TensorFlow); give ThroughputMonitor(flops_per_step=...) to log perf/mfu.")
 
-    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None:
         """Start the epoch's tally."""
         self._epoch = _Tally()
 
-    def on_train_batch_start(self, trainer: Any, module: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Trainer, module: Module, batch_idx: int) -> None:
         """Note where the execution starts; resume the clock after a pause."""
         self._first_batch, self._steps_before = batch_idx, trainer.global_step
         if self._compiled and self._running_since is None:
             self._running_since = perf_counter()
 
-    def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: Module, metrics: dict[str, float], batch_idx: int) -> None:
         """Count the execution (after the first), and log at the log steps it passed."""
         now = perf_counter()
         if not self._compiled:
@@ -160,16 +164,16 @@ class ThroughputMonitor(Callback):
             self._log(trainer, self._since_log, trainer.global_step // every * every, "")
             self._since_log = _Tally()
 
-    def on_validation_start(self, trainer: Any, module: Any) -> None:
+    def on_validation_start(self, trainer: Trainer, module: Module) -> None:
         """Stop the clock until the next execution: validation is not training time."""
         self._running_since = None
 
-    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
         """Stop the clock until the next epoch's first execution, and log the epoch's values."""
         self._running_since = None
         self._log(trainer, self._epoch, None, "_epoch")
 
-    def _log(self, trainer: Any, tally: _Tally, step: int | None, suffix: str) -> None:
+    def _log(self, trainer: Trainer, tally: _Tally, step: int | None, suffix: str) -> None:
         if tally.batches == 0 or tally.seconds <= 0:
             return
         values = self._rates(tally, trainer.global_batch_size, trainer.accumulate_grad_batches > 1)

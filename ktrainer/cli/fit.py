@@ -9,7 +9,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ktrainer.trainer import Trainer
 
 __all__ = ["add_parser", "load_module_class", "run_fit", "run_validate", "run_test", "run_stage", "print_summary"]
 
@@ -140,7 +143,7 @@ def _read_yaml(path: str) -> dict:
     return loaded if isinstance(loaded, dict) else {}
 
 
-def print_summary(trainer: Any) -> None:
+def print_summary(trainer: Trainer) -> None:
     """Print the final epoch metrics and where the logs went."""
     print(f"Finished: epoch {trainer.current_epoch}, global step {trainer.global_step}.")
     for name, value in sorted(trainer.callback_metrics.items()):

@@ -10,11 +10,15 @@ shown by default (see `ktrainer.utils.logs`).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ktrainer.precision.report import precision_report, summarize
+
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
 
 __all__ = ["fit_summary", "stop_reason", "stop_line"]
 
@@ -23,7 +27,7 @@ def _count(variables: list) -> int:
     return int(sum(np.prod(v.shape) for v in variables))
 
 
-def _batch_line(trainer: Any, train: Any) -> str:
+def _batch_line(trainer: Trainer, train: Any) -> str:
     replicas = trainer.num_replicas
     line = f"{trainer.batch_size} per device x {replicas} replica{'s' if replicas != 1 else ''} = " \
            f"{trainer.global_batch_size} global"
@@ -34,7 +38,7 @@ def _batch_line(trainer: Any, train: Any) -> str:
     return line
 
 
-def _rate_line(trainer: Any) -> str:
+def _rate_line(trainer: Trainer) -> str:
     replicas = trainer.num_replicas
     if trainer.lr_factor != 1.0:
         return f"lr_scaling={trainer.lr_scaling!r}: learning rate x {trainer.lr_factor:.4g} for {replicas} replicas"
@@ -53,14 +57,14 @@ def _data_line(train: Any, val: Any, batches: int | None) -> str:
     return line
 
 
-def _stops_at(trainer: Any) -> str:
+def _stops_at(trainer: Trainer) -> str:
     limits = [f"max_steps={trainer.max_steps}"] if trainer.max_steps is not None else []
     if trainer.max_epochs is not None:
         limits.append(f"max_epochs={trainer.max_epochs}")
     return " or ".join(limits)
 
 
-def fit_summary(trainer: Any, module: Any, train: Any, val: Any, resumed: Any) -> str:
+def fit_summary(trainer: Trainer, module: Module, train: Any, val: Any, resumed: Any) -> str:
     """The block logged at the start of fit (after building and resuming, before the first step)."""
     model = module.model
     total, trainable = _count(model.weights), _count(model.trainable_weights)
@@ -89,7 +93,7 @@ def fit_summary(trainer: Any, module: Any, train: Any, val: Any, resumed: Any) -
     return "\n".join(["Fit:"] + [f"  {name:<{width}}  {value}" for name, value in rows])
 
 
-def stop_reason(trainer: Any) -> str:
+def stop_reason(trainer: Trainer) -> str:
     """Why the loop ended: a callback's reason, or the limit reached."""
     if trainer.should_stop:
         return trainer.stop_reason or "a callback set trainer.should_stop"
@@ -98,7 +102,7 @@ def stop_reason(trainer: Any) -> str:
     return f"max_epochs={trainer.max_epochs} reached"
 
 
-def stop_line(trainer: Any, seconds: float) -> str:
+def stop_line(trainer: Trainer, seconds: float) -> str:
     """The line logged at the end of fit: why, how far, how long, the best metric and checkpoint."""
     skipped = f", {trainer.skipped_steps} skipped" if trainer.skipped_steps else ""
     line = (f"Stopped: {stop_reason(trainer)}, at step {trainer.global_step}{skipped} (epoch "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import keras
 
@@ -15,11 +15,15 @@ from ktrainer.compat.keras_internals import tensorflow_left_alone
 from ktrainer.loop.trainer_state import TrainerState
 from ktrainer.utils.logs import quietly
 
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
+
 __all__ = ["call_scope"]
 
 
 @contextlib.contextmanager
-def call_scope(trainer: Any, stage: str, module: Any) -> Iterator[None]:
+def call_scope(trainer: Trainer, stage: str, module: Module) -> Iterator[None]:
     """Run the body of one Trainer call on `module` for `stage` ("fit", "validate", "test" or "predict").
 
     On an error, every callback's `on_exception` runs and the loggers are finalized as "failed"

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ktrainer.checkpoint.variables import assign_all, keyed, mismatches, refuse_mismatches
 from ktrainer.step.metrics import metric_objects
 from ktrainer.trainer.random_state import capture_random_state, restore_random_state
 from ktrainer.trainer.resume_checks import adopt_class_keys, check_global_batch, check_keys, unique_keys
+
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
 
 __all__ = ["trainer_state_dict", "load_trainer_state_dict", "optimizer_variables"]
 
@@ -20,7 +24,7 @@ def optimizer_variables(optimizers: list) -> list:
     return [variable for optimizer in optimizers for variable in optimizer.variables]
 
 
-def trainer_state_dict(trainer: Any, module: Any, train_step: Any) -> dict[str, Any]:
+def trainer_state_dict(trainer: Trainer, module: Module, train_step: Any) -> dict[str, Any]:
     """The state of a fit in progress, by section (see `Trainer.state_dict`); the engine's live state synced first."""
     trainer.engine.sync()
     return {
@@ -39,7 +43,7 @@ def trainer_state_dict(trainer: Any, module: Any, train_step: Any) -> dict[str, 
     }
 
 
-def load_trainer_state_dict(trainer: Any, module: Any, train_step: Any, state: dict[str, Any]) -> None:
+def load_trainer_state_dict(trainer: Trainer, module: Module, train_step: Any, state: dict[str, Any]) -> None:
     """Put a state back into a built fit: every check first, then all of it, or nothing (`Trainer.load_state_dict`).
 
     Raises:
