@@ -157,12 +157,37 @@ def parse_manifest(data: bytes, directory_name: str | None = None) -> Manifest:
     Raises:
         ManifestError: Naming the first problem found.
     """
+    fields = _json_object(data)
+    version = _format_version(fields)
+    _check_step(fields, directory_name)
+    _check_commit_time(fields)
+    entries = _file_entries(fields.get("files"))
+    if version >= 2 and fields.get(SELF_CHECKSUM) != self_checksum(fields):
+        raise ManifestError("manifest does not match its own checksum (corrupt)")
+    return Manifest(fields, tuple(entries))
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    """The manifest's JSON object.
+
+    Raises:
+        ManifestError: For bytes that are not JSON, or JSON that is not an object.
+    """
     try:
         fields = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise ManifestError("manifest is not valid JSON (truncated or corrupt)") from None
     if not isinstance(fields, dict):
         raise ManifestError(f"manifest is a JSON {type(fields).__name__}, not an object")
+    return fields
+
+
+def _format_version(fields: dict[str, Any]) -> int:
+    """The manifest's format version, one this ktrainer reads.
+
+    Raises:
+        ManifestError: For a missing or unknown version (with `newer_format` set when a newer ktrainer wrote it).
+    """
     version = fields.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise ManifestError(f"manifest has no integer format_version (found {version!r})")
@@ -171,17 +196,40 @@ def parse_manifest(data: bytes, directory_name: str | None = None) -> Manifest:
             raise ManifestError(f"format_version {version} is newer than this ktrainer reads (up to {FORMAT_VERSION}): "
                         "written by a newer ktrainer", newer_format=version)
         raise ManifestError(f"unknown format_version {version}")
+    return version
+
+
+def _check_step(fields: dict[str, Any], directory_name: str | None) -> None:
+    """Check the step: a non-negative integer, the one in the directory name when that is given.
+
+    Raises:
+        ManifestError: Naming the step.
+    """
     step = fields.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise ManifestError(f"manifest step {step!r} is not a non-negative integer")
     if directory_name is not None and step_of(directory_name) not in (None, step):
         raise ManifestError(f"manifest step {step} does not match the directory name {directory_name}")
+
+
+def _check_commit_time(fields: dict[str, Any]) -> None:
+    """Check the commit time (format 1: the creation time): a finite number of seconds a save could have written.
+
+    Raises:
+        ManifestError: Naming the time.
+    """
     committed = fields.get("committed", fields.get("created", 0.0))
     if not isinstance(committed, int | float) or isinstance(committed, bool) or not _finite(committed) \
             or not 0 <= committed < LATEST_COMMIT:
         raise ManifestError(f"manifest commit time {committed!r} is not a time a save could have written")
 
-    files = fields.get("files")
+
+def _file_entries(files: Any) -> list[FileEntry]:
+    """The manifest's `files`, each entry checked, none listed twice.
+
+    Raises:
+        ManifestError: For no files, a bad entry or a name listed twice.
+    """
     if not isinstance(files, list) or not files:
         raise ManifestError("manifest lists no files")
     entries, seen = [], set()
@@ -191,9 +239,7 @@ def parse_manifest(data: bytes, directory_name: str | None = None) -> Manifest:
             raise ManifestError(f"manifest lists {parsed.name!r} twice")
         seen.add(parsed.name)
         entries.append(parsed)
-    if version >= 2 and fields.get(SELF_CHECKSUM) != self_checksum(fields):
-        raise ManifestError("manifest does not match its own checksum (corrupt)")
-    return Manifest(fields, tuple(entries))
+    return entries
 
 
 def _finite(value: int | float) -> bool:

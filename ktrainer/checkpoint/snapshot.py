@@ -70,35 +70,51 @@ def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] 
         ValueError: For a section or extra file name that is not lowercase letters and "_" (or is
             the state file's), or keys that collide once made strings.
     """
-    sections: dict[str, dict[str, Any]] = {}
-
-    def replace(value: Any, section: str, path: str) -> Any:
-        if isinstance(value, dict):
-            keys = [str(k) for k in value]
-            if len(set(keys)) != len(keys) or keys == [_TENSOR]:
-                raise ValueError(f"state {section}{path} has keys that collide as strings, or is a dict whose only "
-                                 f"key is {_TENSOR!r}: {sorted(keys)}")
-            return {str(k): replace(v, section, f"{path}/{_segment(k)}") for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            if all(isinstance(v, int | float | str | bool | None) for v in value):
-                return list(value)  # the common case (a random generator's state): nothing to look into
-            return [replace(v, section, f"{path}/{i}") for i, v in enumerate(value)]
-        if is_array(value):
-            sections.setdefault(section, {})[path] = value
-            return {_TENSOR: [section, path]}
-        return value
-
+    sections: dict[str, dict[str, Any]] = {}  # section -> path -> array, in the order the state holds them
     tree = {}
     for section, value in state.items():
         if not _SECTION.fullmatch(section):
             raise ValueError(f"state section {section!r} must be lowercase letters and '_'")
-        tree[section] = replace(value, section, "")
+        tree[section] = _with_references(value, section, "", sections)
     files: dict[str, Any] = {}
     for section, arrays in sections.items():
         for number, shard in enumerate(_shards(arrays)):
             files[data_file_name(f"{section}-{number:05d}", save_id, "tensors")] = TensorFile(shard, read)
     files[data_file_name(STATE_FILE, save_id, "json")] = json.dumps(tree, sort_keys=True).encode()
-    for base, value in (extra_json or {}).items():
+    files.update(_extra_json_files(extra_json or {}, save_id))
+    return files
+
+
+def _with_references(value: Any, section: str, path: str, sections: dict[str, dict[str, Any]]) -> Any:
+    """`value` (at `path` in `section`) with each array replaced by its reference, the array put in `sections`.
+
+    Raises:
+        ValueError: For a dict whose keys collide as strings, or whose only key is the reference key.
+    """
+    if isinstance(value, dict):
+        keys = [str(k) for k in value]
+        if len(set(keys)) != len(keys) or keys == [_TENSOR]:
+            raise ValueError(f"state {section}{path} has keys that collide as strings, or is a dict whose only "
+                             f"key is {_TENSOR!r}: {sorted(keys)}")
+        return {str(k): _with_references(v, section, f"{path}/{_segment(k)}", sections) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        if all(isinstance(v, int | float | str | bool | None) for v in value):
+            return list(value)  # the common case (a random generator's state): nothing to look into
+        return [_with_references(v, section, f"{path}/{i}", sections) for i, v in enumerate(value)]
+    if is_array(value):
+        sections.setdefault(section, {})[path] = value
+        return {_TENSOR: [section, path]}
+    return value
+
+
+def _extra_json_files(extra_json: dict[str, Any], save_id: str) -> dict[str, bytes]:
+    """The other JSON files of a save, by file name.
+
+    Raises:
+        ValueError: For a base name that is not lowercase letters and "_", or is the state file's.
+    """
+    files = {}
+    for base, value in extra_json.items():
         if not _SECTION.fullmatch(base) or base == STATE_FILE:
             raise ValueError(f"extra JSON file name {base!r} must be lowercase letters and '_', not {STATE_FILE!r}")
         files[data_file_name(base, save_id, "json")] = json.dumps(value).encode()

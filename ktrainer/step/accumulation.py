@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["PartialGroup", "groups_mismatch"]
+__all__ = ["PartialGroup", "groups_state_dict", "groups_mismatch", "load_groups"]
 
 
 class PartialGroup:
@@ -50,11 +50,35 @@ class PartialGroup:
         self.count.assign(int(state["count"]))
 
 
+def _rule_key(number: int) -> str:
+    """The key of the rule numbered `number` in a checkpoint's groups: "00", "01", ..."""
+    return f"{number:02d}"
+
+
+def groups_state_dict(rules: Sequence[PartialGroup], pending: int) -> dict[str, Any]:
+    """The partial group of each rule, by rule key (empty between groups).
+
+    Args:
+        rules: The step's update rules, in the order it made them.
+        pending: Batches in the current partial group (the step's `pending()`, the largest over its rules).
+    """
+    if pending == 0:
+        return {}
+    return {_rule_key(number): rule.state_dict() for number, rule in enumerate(rules)}
+
+
 def groups_mismatch(rules: Sequence[PartialGroup], state: dict[str, Any]) -> str:
     """Why a checkpoint's partial groups (one per rule) do not fit these rules ("" when they do, or there are none)."""
     if not state:
         return ""
-    if set(state) != {f"{number:02d}" for number in range(len(rules))}:
+    if set(state) != {_rule_key(number) for number in range(len(rules))}:
         return (f"The checkpoint holds partial gradient-accumulation groups of {len(state)} updates; this run "
                 f"makes {len(rules)} per step. Resume with the same training_step and optimizers.")
-    return "".join(rule.mismatch(state[f"{number:02d}"]) for number, rule in enumerate(rules))
+    return "".join(rule.mismatch(state[_rule_key(number)]) for number, rule in enumerate(rules))
+
+
+def load_groups(rules: Sequence[PartialGroup], state: dict[str, Any]) -> None:
+    """Restore each rule's partial group from `groups_state_dict`'s layout (after `groups_mismatch` found none); a
+    rule the state does not name (a checkpoint taken between groups) is left as it is."""
+    for number, rule in enumerate(rules):
+        rule.load_state_dict(state.get(_rule_key(number), {}))

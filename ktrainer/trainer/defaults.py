@@ -50,6 +50,28 @@ def default_callbacks(callbacks: Callback | Sequence[Callback] | None, progress_
             callback that cannot work here (naming ktrainer's equivalent), or a ModelCheckpoint with
             checkpointing off.
     """
+    given = _given_callbacks(callbacks)
+    has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in given)
+    if has_checkpoint and not checkpointing:
+        raise ValueError("callbacks holds a ModelCheckpoint but enable_checkpointing=False; drop one of the two.")
+    defaults: list[Callback] = []
+    if checkpointing and not has_checkpoint:
+        defaults.append(ModelCheckpoint())
+    if progress_bar and not any(isinstance(c, ProgressBar) for c in given):
+        defaults.append(ProgressBar())
+    if has_logger:
+        defaults += _missing_monitors(given)
+    ordered = defaults + given
+    return ([each for each in ordered if not isinstance(each, ModelCheckpoint)]
+            + [each for each in ordered if isinstance(each, ModelCheckpoint)])
+
+
+def _given_callbacks(callbacks: Callback | Sequence[Callback] | None) -> list[Callback]:
+    """The `callbacks` argument as a list of ktrainer callbacks, Keras ones wrapped.
+
+    Raises:
+        ValueError: For anything but a callback or a list of callbacks (ktrainer or Keras ones).
+    """
     if isinstance(callbacks, Callback | keras.callbacks.Callback):
         callbacks = [callbacks]  # one callback, as Lightning takes it
     elif callbacks is not None and not isinstance(callbacks, list | tuple):
@@ -62,18 +84,10 @@ def default_callbacks(callbacks: Callback | Sequence[Callback] | None, progress_
             raise ValueError(f"callbacks must be ktrainer or Keras callbacks (kt.callbacks.Callback, "
                              f"keras.callbacks.Callback); got {type(each).__name__}.")
         given.append(each)
-    has_checkpoint = any(isinstance(c, ModelCheckpoint) for c in given)
-    if has_checkpoint and not checkpointing:
-        raise ValueError("callbacks holds a ModelCheckpoint but enable_checkpointing=False; drop one of the two.")
-    defaults: list[Callback] = []
-    if checkpointing and not has_checkpoint:
-        defaults.append(ModelCheckpoint())
-    if progress_bar and not any(isinstance(c, ProgressBar) for c in given):
-        defaults.append(ProgressBar())
-    if has_logger and not any(isinstance(c, LearningRateMonitor) for c in given):
-        defaults.append(LearningRateMonitor())
-    if has_logger and not any(isinstance(c, ThroughputMonitor) for c in given):
-        defaults.append(ThroughputMonitor())
-    ordered = defaults + given
-    return ([each for each in ordered if not isinstance(each, ModelCheckpoint)]
-            + [each for each in ordered if isinstance(each, ModelCheckpoint)])
+    return given
+
+
+def _missing_monitors(given: list[Callback]) -> list[Callback]:
+    """A LearningRateMonitor and a ThroughputMonitor, each unless `given` holds one (a run with a logger gets both)."""
+    return [monitor() for monitor in (LearningRateMonitor, ThroughputMonitor)
+            if not any(isinstance(c, monitor) for c in given)]

@@ -18,14 +18,13 @@ from typing import Any
 import jax
 import keras
 
+from ktrainer.backends.device_arguments import check_device_arguments, check_one_device, chosen_indices
 from ktrainer.backends.device_list import requested_indices
-from ktrainer.checks import check_choice, check_int
 
 __all__ = ["JaxDevicePlan", "plan_devices", "joins_processes", "COORDINATOR", "NUM_PROCESSES", "PROCESS_ID"]
 
 log = logging.getLogger("ktrainer")
 
-ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
 STRATEGIES = ("auto", "one_device", "data_parallel", "mirrored", "multi_worker")
 # Keras's own names (keras.distribution.initialize reads them); `ktrainer launch` sets them.
 COORDINATOR = "KERAS_DISTRIBUTION_JOB_ADDRESSES"  # host:port of process 0
@@ -75,12 +74,7 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
         ValueError: For values that are wrong, conflict, or ask for devices that are not there
             (naming what is visible), or several nodes without a coordinator.
     """
-    check_choice("accelerator", accelerator, ACCELERATORS)
-    check_int("num_nodes", num_nodes, minimum=1)
-    if not isinstance(strategy, str):
-        raise ValueError(f"strategy={strategy!r}: on the JAX backend the strategy is one of {STRATEGIES}; a "
-                         "tf.distribute.Strategy object needs KERAS_BACKEND=tensorflow.")
-    check_choice("strategy", strategy, STRATEGIES)
+    check_device_arguments(accelerator, strategy, num_nodes, STRATEGIES, _refuse_strategy_object)
     requested = requested_indices(devices)  # checked before JAX starts
     count = None if requested is None else max(requested) + 1
     together = joins_processes(num_nodes, strategy, os.environ)
@@ -100,9 +94,7 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
                          f"jax with {accelerator} support, or use accelerator='auto'.")
     local = jax.local_devices(backend=accelerator)
     indices = _device_indices(requested, devices, accelerator, len(local))
-    if strategy == "one_device" and len(indices) > 1:
-        raise ValueError(f"strategy='one_device' conflicts with devices={devices!r} ({len(indices)} devices). "
-                         "Use strategy='data_parallel' (or 'auto'), or devices=1.")
+    check_one_device(strategy, devices, len(indices), "data_parallel")
     processes = max(num_nodes, jax.process_count())
     several = len(indices) > 1 or processes > 1
     return JaxDevicePlan(accelerator, tuple(indices), "data_parallel" if several else "one_device", processes)
@@ -120,14 +112,25 @@ def joins_processes(num_nodes: int, strategy: str, environ: Mapping[str, str]) -
             or (COORDINATOR in environ and launched.isdigit() and int(launched) > 1))
 
 
+def _refuse_strategy_object(strategy: Any) -> bool:
+    """False for a strategy name (checked next); JAX takes no strategy object.
+
+    Raises:
+        ValueError: For anything but a string, naming the JAX strategies and the TensorFlow backend.
+    """
+    if not isinstance(strategy, str):
+        raise ValueError(f"strategy={strategy!r}: on the JAX backend the strategy is one of {STRATEGIES}; a "
+                         "tf.distribute.Strategy object needs KERAS_BACKEND=tensorflow.")
+    return False
+
+
 def _device_indices(requested: list[int] | None, devices: Any, accelerator: str, visible: int) -> list[int]:
-    if requested is None:
-        return list(range(visible)) if accelerator != "cpu" else [0]
-    indices = requested
-    if max(indices) >= visible:
-        raise ValueError(f"devices={devices!r} asks for {accelerator} index {max(indices)}, but JAX sees {visible} "
-                         f"{accelerator} device(s) in this process (indices 0..{visible - 1}).")
-    return indices
+    """The indices of this process's devices a run uses (all of an accelerator's by default, one CPU)."""
+    def too_few(index: int) -> str:
+        return (f"devices={devices!r} asks for {accelerator} index {index}, but JAX sees {visible} "
+                f"{accelerator} device(s) in this process (indices 0..{visible - 1}).")
+
+    return chosen_indices(requested, accelerator, visible, too_few)
 
 
 def _virtual_cpus(count: int, asked: Any) -> None:

@@ -36,7 +36,7 @@ import keras
 
 from ktrainer.backends.jax.update_rule import JaxUpdateRule
 from ktrainer.module import LogOptions
-from ktrainer.step.accumulation import groups_mismatch
+from ktrainer.step.accumulation import groups_mismatch, groups_state_dict, load_groups
 from ktrainer.step.hooks import NO_UPDATE, call_step_hook, loss_from_return, traced_batch_index, wrapped_optimizer
 from ktrainer.step.metrics import metric_objects
 from ktrainer.step.outputs import (
@@ -348,9 +348,7 @@ class JaxTrainStep:
 
     def state_dict(self) -> dict[str, Any]:
         """The partial accumulation group of each rule (empty without one), as the TensorFlow engine lays it out."""
-        if self.pending() == 0:
-            return {}
-        return {f"{number:02d}": rule.state_dict() for number, rule in enumerate(self.rules)}
+        return groups_state_dict(self.rules, self.pending())
 
     def mismatch(self, state: dict[str, Any]) -> str:
         """Why a saved partial group does not fit this step ("" when it does, or there is none)."""
@@ -358,8 +356,7 @@ class JaxTrainStep:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the partial groups (after `mismatch` found none)."""
-        for number, rule in enumerate(self.rules):
-            rule.load_state_dict(state.get(f"{number:02d}", {}))
+        load_groups(self.rules, state)
         self.big = None
 
 

@@ -10,14 +10,13 @@ from typing import Any
 
 import tensorflow as tf
 
+from ktrainer.backends.device_arguments import check_device_arguments, check_one_device, chosen_indices
 from ktrainer.backends.device_list import requested_indices
-from ktrainer.checks import check_choice, check_int
 
 __all__ = ["DevicePlan", "plan_devices"]
 
 log = logging.getLogger("ktrainer")
 
-ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 
 
@@ -87,11 +86,8 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
         ValueError: For values that are wrong, conflict with each other, or ask for more devices
             than are visible (the message names what is visible).
     """
-    check_choice("accelerator", accelerator, ACCELERATORS)
-    check_int("num_nodes", num_nodes, minimum=1)
-    if isinstance(strategy, tf.distribute.Strategy):
+    if check_device_arguments(accelerator, strategy, num_nodes, STRATEGIES, _is_strategy_object):
         return DevicePlan("custom", (), "custom", num_nodes, custom=strategy)
-    check_choice("strategy", strategy, STRATEGIES)
     multi_worker = strategy == "multi_worker" or num_nodes > 1 or (strategy == "auto" and "TF_CONFIG" in os.environ
                                                                    and len(_cluster_tasks()) > 1)
     gpus = tf.config.list_physical_devices("GPU")
@@ -111,9 +107,7 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
         check_cluster_description(num_nodes)
         return DevicePlan(accelerator, (), "multi_worker", max(num_nodes, len(_cluster_tasks())))
     indices = _device_indices(devices, accelerator, len(gpus))
-    if strategy == "one_device" and len(indices) > 1:
-        raise ValueError(f"strategy='one_device' conflicts with devices={devices!r} ({len(indices)} devices). "
-                         "Use strategy='mirrored' (or 'auto'), or devices=1.")
+    check_one_device(strategy, devices, len(indices), "mirrored")
     if accelerator == "gpu":
         names = tuple(f"/gpu:{i}" for i in indices)
     else:
@@ -148,15 +142,19 @@ def _cluster_tasks() -> list:
     return [task for tasks in _cluster().values() for task in tasks]
 
 
+def _is_strategy_object(strategy: Any) -> bool:
+    """True for a tf.distribute.Strategy the user made (used as it is)."""
+    return isinstance(strategy, tf.distribute.Strategy)
+
+
 def _device_indices(devices: Any, accelerator: str, gpu_count: int) -> list[int]:
-    visible = gpu_count if accelerator == "gpu" else None
-    indices = requested_indices(devices)
-    if indices is None:
-        return list(range(gpu_count)) if accelerator == "gpu" else [0]
-    if visible is not None and max(indices) >= visible:
-        raise ValueError(f"devices={devices!r} asks for GPU index {max(indices)}, but only {visible} GPU(s) are "
-                         f"visible (indices 0..{visible - 1}). Check CUDA_VISIBLE_DEVICES.")
-    return indices
+    """The indices of the GPUs (all visible by default) or logical CPUs (as many as asked) a run uses."""
+    def too_few(index: int) -> str:
+        return (f"devices={devices!r} asks for GPU index {index}, but only {gpu_count} GPU(s) are "
+                f"visible (indices 0..{gpu_count - 1}). Check CUDA_VISIBLE_DEVICES.")
+
+    visible = gpu_count if accelerator == "gpu" else None  # a CPU is split into as many devices as asked for
+    return chosen_indices(requested_indices(devices), accelerator, visible, too_few)
 
 
 def _split_cpu(count: int, asked: Any) -> None:

@@ -31,7 +31,7 @@ from ktrainer.backends.tensorflow.gradients import (
 )
 from ktrainer.module import LogOptions
 from ktrainer.precision.loss_scale import scale_gradient
-from ktrainer.step.accumulation import PartialGroup, groups_mismatch
+from ktrainer.step.accumulation import PartialGroup, groups_mismatch, groups_state_dict, load_groups
 from ktrainer.step.hooks import NO_UPDATE, call_step_hook, loss_from_return, wrapped_optimizer
 from ktrainer.step.outputs import (
     APPLIED,
@@ -399,13 +399,12 @@ class TrainStep:
         splits it evenly, which the all-replica sum of the update does not notice. Across workers
         that total would need every worker, so multi-worker runs save at group boundaries only.
         """
-        if self.pending() == 0:  # the count is read locally, no collective
-            return {}
-        if self.stop_flag is not None:
+        pending = self.pending()  # the count is read locally, no collective
+        if pending and self.stop_flag is not None:
             raise RuntimeError("A checkpoint of a partial accumulation group in a multi-worker run would need every "
                                "worker's sums; the Trainer ends its executions at group boundaries there, so this "
                                "is a bug: please report it.")
-        return {f"{index:02d}": rule.state_dict() for index, rule in enumerate(self.rules)}
+        return groups_state_dict(self.rules, pending)
 
     def mismatch(self, state: dict[str, Any]) -> str:
         """Why a saved partial group does not fit this step ("" when it does, or there is none)."""
@@ -413,5 +412,4 @@ class TrainStep:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the partial groups (after `mismatch` found none)."""
-        for index, rule in enumerate(self.rules):
-            rule.load_state_dict(state.get(f"{index:02d}", {}))
+        load_groups(self.rules, state)
