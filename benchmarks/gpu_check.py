@@ -261,7 +261,7 @@ class Sections:
         print(f"[{name}: {time.perf_counter() - start:.1f} s]", flush=True)
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901 - the sections are closures over one summary; each is short
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="small sizes, for a CPU run of the script")
     parser.add_argument("--budget", type=float, default=300.0,

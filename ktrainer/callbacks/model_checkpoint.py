@@ -7,21 +7,23 @@ import math
 import os
 import tempfile
 import time
-import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ktrainer.callbacks.callback import Callback
 from ktrainer.checkpoint.async_io import AsyncCheckpointIO
 from ktrainer.checkpoint.format import checkpoint_name
 from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
-from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
-from ktrainer.checkpoint.payload import checkpoint_payload
-from ktrainer.checkpoint.retention import Entry, Retention, to_delete
-from ktrainer.checkpoint.snapshot import freeze
-from ktrainer.checkpoint.variables import read_value, start_host_copies
+from ktrainer.checkpoint.manager import CheckpointManager
+from ktrainer.checkpoint.retention import Retention
+from ktrainer.checkpoint.save_policy import SavePolicy, should_save
 from ktrainer.checks import check_bool, check_choice, check_int, check_path, check_storage_options
 from ktrainer.compat.keras_internals import tensorflow_left_alone
 from ktrainer.utils.fs import Location
+
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
 
 __all__ = ["ModelCheckpoint"]
 
@@ -119,21 +121,14 @@ class ModelCheckpoint(Callback):
         self.fsync = check_bool("fsync", fsync)
         self.storage_options = None if storage_options is None else check_storage_options(
             "storage_options", storage_options)
-        self.io: FsspecCheckpointIO | AsyncCheckpointIO | None = None
-        self.location: Location | None = None
-        self.resumed_from: str | None = None
-        self.last_saved: str | None = None
+        self.manager = CheckpointManager(verify=self.verify, verify_checksums=self.verify_checksums,
+                                         fsync=self.fsync, async_save=self.async_save)
         self.best_value: float | None = None
         self.best_model_path: str | None = None
         self._last_saved_step = -1
-        self._last_saved_position: dict[str, Any] | None = None
-        self._unsaved: tuple | None = None
         self._last_time = time.monotonic()
-        self._saves = 0
-        self._commit_floor = 0.0
-        self._undeletable: set[str] = set()
-        self._trainer: Any = None
-        self._module: Any = None
+        self._trainer: Trainer | None = None
+        self._module: Module | None = None
 
     @property
     def state_key(self) -> str:
@@ -148,6 +143,35 @@ class ModelCheckpoint(Callback):
                                     every_n_train_steps=self.every_n_train_steps, every_n_epochs=self.every_n_epochs,
                                     train_time_interval=interval)
 
+    @property
+    def io(self) -> FsspecCheckpointIO | AsyncCheckpointIO | None:
+        """The storage of `dirpath` (its manager's), once fit set it up."""
+        return self.manager.io
+
+    @property
+    def location(self) -> Location | None:
+        """`dirpath` resolved (fsspec filesystem and path), once fit set it up."""
+        return self.manager.location
+
+    @property
+    def last_saved(self) -> str | None:
+        """The URL of the newest checkpoint of this run (the same on every process; only the chief writes)."""
+        return self.manager.last_saved
+
+    @last_saved.setter
+    def last_saved(self, url: str | None) -> None:
+        self.manager.last_saved = url
+
+    @property
+    def resumed_from(self) -> str | None:
+        """The name of the checkpoint in `dirpath` the run resumed from, if any (retention keeps it)."""
+        return self.manager.resumed_from
+
+    @property
+    def policy(self) -> SavePolicy:
+        """When this callback saves: its step, epoch and time triggers."""
+        return SavePolicy(self.every_n_train_steps, self.every_n_epochs, self.train_time_interval)
+
     def resolve_location(self, default_root_dir: str, storage_options: dict[str, Any]) -> Location:
         """Where this callback's checkpoints go, given the Trainer's root and storage options."""
         options = self.storage_options if self.storage_options is not None else storage_options
@@ -155,44 +179,29 @@ class ModelCheckpoint(Callback):
 
     # ----- hooks ----------------------------------------------------------------------------
 
-    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+    def setup(self, trainer: Trainer, module: Module, stage: str) -> None:
         """Resolve `dirpath` and check it is not a file, before anything is written."""
         self._trainer, self._module = trainer, module
         if stage != "fit":
             return
-        self.location = self.resolve_location(trainer.default_root_dir, trainer.storage_options)
-        if self.location.fs.isfile(self.location.path):
-            raise ValueError(f"ModelCheckpoint dirpath {self.location.url!r} is an existing file; it needs a "
+        location = self.resolve_location(trainer.default_root_dir, trainer.storage_options)
+        if location.fs.isfile(location.path):
+            raise ValueError(f"ModelCheckpoint dirpath {location.url!r} is an existing file; it needs a "
                              "directory (existing or not). Choose another dirpath.")
-        store = FsspecCheckpointIO(self.location, verify=self.verify, verify_checksums=self.verify_checksums,
-                                   fsync=self.fsync)
-        self.io = AsyncCheckpointIO(store) if self.async_save else store
+        retention = Retention(self.max_to_keep, self.save_top_k, self.mode, self.keep_every_n_steps)
+        self.manager.open(location, owner=self.state_key, retention=retention, monitor=self.monitor)
         self._last_time = self._now()
-        self._saves = 0
-        self.resumed_from = None
 
     # Last in the hooks where it saves (after the callbacks whose state it saves); first where it notes the run,
     # saves the state training ended with (before a callback restores other weights) and settles its writes.
     runs_first_in = ("on_fit_start", "on_train_end", "on_fit_end", "on_exception")
 
-    def on_fit_start(self, trainer: Any, module: Any) -> None:
+    def on_fit_start(self, trainer: Trainer, module: Module) -> None:
         """Note the checkpoint the run resumed from (kept by retention), and the newest commit time in `dirpath`:
         this run's commits come after it, so 'last' is this run's latest even if this host's clock runs behind."""
-        run = trainer.run
-        self._commit_floor = run.parent_committed
-        if run.parent is not None:
-            parent, _, name = run.parent.rpartition("/")
-            self.resumed_from = name if parent == self.location.canonical_url else None
-        if trainer.is_global_zero:
-            try:
-                committed = [info.committed for info in self.io.list() if info.manifest is not None]
-            except OSError as error:
-                log.warning("Could not list %s at the start (%r); commit times follow this host's clock.",
-                            self.location.url, error)
-                committed = []
-            self._commit_floor = max([self._commit_floor, *committed])
+        self.manager.start_run(trainer)
 
-    def on_train_batch_end(self, trainer: Any, module: Any, metrics: dict[str, float], batch_idx: int) -> None:
+    def on_train_batch_end(self, trainer: Trainer, module: Module, metrics: dict[str, float], batch_idx: int) -> None:
         """Save when a step or time trigger is due: as the loop decided when it dispatched this execution
         (`trainer.state.planned_saves`), else now."""
         planned = trainer.state.planned_saves
@@ -209,59 +218,52 @@ class ModelCheckpoint(Callback):
         run's clock (`trainer.clock.now()`, the chief's with several processes, so every process
         decides alike); None reads it here.
         """
-        every = self.every_n_train_steps
-        if every is not None and global_step // every > max(self._last_saved_step, 0) // every:
-            return "step"
-        if self.train_time_interval is not None and (
-                (self._now() if now is None else now) - self._last_time >= self.train_time_interval):
-            return "time"
-        return None
+        return should_save(self.policy, global_step=global_step, last_saved_step=self._last_saved_step,
+                           now=self._now() if now is None else now, last_saved_time=self._last_time)
 
     def _now(self) -> float:
         """The run's clock (the Trainer's, shared by its processes); this process's before a Trainer set it up."""
         clock = getattr(self._trainer, "clock", None)
         return time.monotonic() if clock is None else clock.now()
 
-    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
         """Save at the end of every `every_n_epochs`-th epoch."""
-        if self.every_n_epochs is not None and trainer.progress.epoch_done and (
-                (trainer.current_epoch + 1) % self.every_n_epochs == 0):
+        if trainer.progress.epoch_done and self.policy.epoch_due(trainer.current_epoch):
             self.save(trainer, reason="epoch")
 
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
+    def on_validation_end(self, trainer: Trainer, module: Module) -> None:
         """With a monitor and an epoch trigger, save after a validation inside an epoch: its metric is fresh there
         (an epoch-end validation is saved at the epoch's end, with the epoch's metrics)."""
-        if (self.monitor and self.every_n_epochs is not None and trainer.state.stage == "fit"
-                and not trainer.state.at_epoch_end and (trainer.current_epoch + 1) % self.every_n_epochs == 0):
+        if (self.monitor and trainer.state.stage == "fit" and not trainer.state.at_epoch_end
+                and self.policy.epoch_due(trainer.current_epoch)):
             self.save(trainer, reason="validation")
 
-    def on_train_end(self, trainer: Any, module: Any) -> None:
+    def on_train_end(self, trainer: Trainer, module: Module) -> None:
         """Save the final state with `save_last` (before an optimizer's moving averages replace the weights:
         the checkpoint holds both, so a resume stays exact)."""
         if self.save_last:
             self.save(trainer, reason="last")
 
-    def on_fit_end(self, trainer: Any, module: Any) -> None:
+    def on_fit_end(self, trainer: Trainer, module: Module) -> None:
         """Wait for the last write (raising its failure); export the final weights with `export_keras`."""
         self.wait()
         if self.export_keras and trainer.is_global_zero:
             self._export("last")
 
-    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, module: Module, exception: BaseException) -> None:
         """Let a write in flight finish (its own failure is logged, not raised over the first error)."""
         try:
             self.wait()
         except Exception as error:  # noqa: BLE001 - the first error is the one the user must see
             log.error("A background checkpoint save also failed: %r", error)
 
-    def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+    def teardown(self, trainer: Trainer, module: Module, stage: str) -> None:
         """Stop the background writer (after the write in flight), also after an error."""
-        if isinstance(self.io, AsyncCheckpointIO):
-            self.io.close()
+        self.manager.close()
 
     # ----- saving -----------------------------------------------------------------------------
 
-    def save(self, trainer: Any, reason: str = "manual") -> None:
+    def save(self, trainer: Trainer, reason: str = "manual") -> None:
         """Save the training state now (the loop blocks only for the copy to host memory when `async_save`).
 
         Only the chief process writes (the others note what it wrote: `last_saved`, the best); nothing
@@ -279,60 +281,30 @@ class ModelCheckpoint(Callback):
         """
         if self.io is None:
             return
-        chief = trainer.is_global_zero
-        try:
-            if chief:
-                self.wait()  # at most one save in flight; raises a failure of the previous one (then not counted)
-        except CheckpointError as error:
-            if reason != "preemption":
-                raise
-            log.error("The previous background save failed (%s); saving at preemption all the same.", error)
-        position = trainer.progress.state_dict()
-        if position == self._last_saved_position:
-            return
-        step, name = trainer.global_step, checkpoint_name(trainer.global_step)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if math.isfinite(v)}
-        before = (self._last_saved_step, self._last_saved_position, self.best_value, self.best_model_path)
-        self._last_saved_step, self._last_time, self._last_saved_position = step, self._now(), position
-        new_best = self._note_metric(metrics)
-        url = f"{self.io.url}/{name}"
-        if new_best and (self.save_top_k >= 1 or self.max_to_keep is None):  # retention keeps it
-            self.best_model_path = url  # before the state is taken: the checkpoint names itself
-        if not chief:  # the chief writes; every process knows what it wrote (the metrics are the same on all)
-            self.last_saved = url
-            return
-        self._saves += 1
-        run = trainer.run
-        save_id = f"{run.run_id}-{self._saves}"
-        state = trainer.state_dict()  # after the updates above: the checkpoint's own state knows itself
-        if self.async_save:
-            # What the loop waits for (the copy to host memory); the writing happens in the background.
-            state = freeze(start_host_copies(state), read_value)
-        files, fields = checkpoint_payload(state, self._module.model, run, save_id, {
-            "metrics": metrics, "monitor": self.monitor, "mode": self.mode, "owner": self.state_key, "reason": reason})
-        if self.export_keras and new_best:
+        new_best = False
+
+        def note() -> Callable[[], None]:  # once the save goes ahead, before the state is taken
+            nonlocal new_best
+            before = (self._last_saved_step, self.best_value, self.best_model_path)
+            self._last_saved_step, self._last_time = trainer.global_step, self._now()
+            new_best = self._note_metric(metrics)
+            if new_best and (self.save_top_k >= 1 or self.max_to_keep is None):  # retention keeps it
+                self.best_model_path = f"{self.io.url}/{checkpoint_name(trainer.global_step)}"
+
+            def undo() -> None:
+                self._last_saved_step, self.best_value, self.best_model_path = before  # the time trigger waits
+            return undo
+
+        fields = {"metrics": metrics, "monitor": self.monitor, "mode": self.mode, "reason": reason}
+        saved = self.manager.save(trainer, checkpoint_name(trainer.global_step), fields,
+                                  preempted=reason == "preemption", note=note)
+        if saved is not None and new_best and self.export_keras and trainer.is_global_zero:
             self._export("best")  # in this thread: it reads the live model
-        self._unsaved = before  # put back if this save fails: a failed save must not count as done
-        try:
-            self.io.write(name, files, fields, on_commit=self._committed,
-                          not_before=self._commit_floor)
-        except CheckpointError:
-            self._forget_failed_save()
-            raise
 
     def wait(self) -> None:
         """Wait for the save in flight, if any; raise its error."""
-        if isinstance(self.io, AsyncCheckpointIO):
-            try:
-                self.io.wait()
-            except CheckpointError:
-                self._forget_failed_save()
-                raise
-
-    def _forget_failed_save(self) -> None:
-        if self._unsaved is not None:
-            self._last_saved_step, self._last_saved_position, self.best_value, self.best_model_path = self._unsaved
-            self._unsaved = None
+        self.manager.wait()
 
     def _note_metric(self, metrics: dict[str, float]) -> bool:
         """Track the best monitored value; True when this save is the best so far."""
@@ -347,45 +319,6 @@ class ModelCheckpoint(Callback):
         if better:
             self.best_value = value
         return better
-
-    def _committed(self, info: CheckpointInfo) -> None:
-        self._unsaved = None
-        self.last_saved = info.url
-        self._commit_floor = max(self._commit_floor, info.committed)
-        log.debug("Saved checkpoint %s (%.1f MB).", info.url, info.size / 1e6)
-        self._prune(info.name)
-
-    def _prune(self, newest: str) -> None:
-        """Delete what the retention rules do not keep; a failed delete is a warning, never fatal."""
-        rules = Retention(self.max_to_keep, self.save_top_k, self.mode, self.keep_every_n_steps)
-        try:
-            listed = self.io.list()
-        except Exception as error:  # noqa: BLE001 - retention must never end training
-            warnings.warn(f"Could not list {self.location.url} to apply retention: {error!r}.", stacklevel=2)
-            return
-        entries = [self._entry(info) for info in listed]
-        protected = [newest] + ([self.resumed_from] if self.resumed_from else [])
-        lineage = frozenset(self._trainer.run.lineage if self._trainer else ())
-        doomed = to_delete(entries, rules, owner=self.state_key, protected=protected, lineage=lineage)
-        save_ids = {info.name: info.fields.get("save_id") for info in listed}
-        for name in doomed:
-            if name in self._undeletable:
-                continue  # refused once: asking again at every save would only repeat the warning
-            try:
-                self.io.delete(name, save_id=save_ids.get(name), run_ids=lineage)  # what was listed, nothing newer
-            except Exception as error:  # noqa: BLE001 - e.g. 403 on a write-once bucket: keep training
-                self._undeletable.add(name)
-                warnings.warn(f"Could not delete checkpoint {self.location.url}/{name} (retention): {error!r}. "
-                              "Training goes on; the checkpoint stays (not retried in this run).", stacklevel=2)
-
-    def _entry(self, info: CheckpointInfo) -> Entry:
-        fields = info.fields
-        metrics = fields.get("metrics")
-        value = metrics.get(self.monitor) if self.monitor and isinstance(metrics, dict) else None
-        return Entry(info.name, info.step, info.committed, has_manifest=info.has_manifest, complete=info.valid,
-                     owner=fields.get("owner"), known_format=info.newer_format is None, symlink=info.symlink,
-                     metric=value if isinstance(value, int | float) else None, run_ids=info.run_ids,
-                     run_id=fields.get("run_id"))
 
     def _export(self, which: str) -> None:
         with tempfile.TemporaryDirectory() as folder:
@@ -409,14 +342,14 @@ class ModelCheckpoint(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         """The last saved step and position, and the best monitored value and its checkpoint."""
-        return {"last_saved_step": self._last_saved_step, "last_saved_position": self._last_saved_position,
+        return {"last_saved_step": self._last_saved_step, "last_saved_position": self.manager.saved_position,
                 "best_value": self.best_value, "best_model_path": self.best_model_path}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the last saved step and position, and the best monitored value and its checkpoint."""
         self._last_saved_step = int(state.get("last_saved_step", -1))
         position = state.get("last_saved_position")
-        self._last_saved_position = position if isinstance(position, dict) else None
+        self.manager.saved_position = position if isinstance(position, dict) else None
         best = state.get("best_value")
         self.best_value = float(best) if isinstance(best, int | float) else None
         path = state.get("best_model_path")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +22,7 @@ from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
 from ktrainer.checkpoint.snapshot import from_files
 from ktrainer.checkpoint.variables import assign_all, mismatches, refuse_mismatches
 from ktrainer.utils.fs import Location
+from ktrainer.utils.logs import warn_user
 
 __all__ = ["ALIASES", "Resumable", "check_ckpt_path", "find_checkpoint", "load_model_weights", "split_checkpoint_url"]
 
@@ -211,4 +211,4 @@ def _ranked(candidates: list[CheckpointInfo], io: FsspecCheckpointIO) -> list[Ch
 
 
 def _pass_over(url: str, reason: str) -> None:
-    warnings.warn(f"Checkpoint {url} is not valid ({reason}); passing over it.", UserWarning, stacklevel=4)
+    warn_user(f"Checkpoint {url} is not valid ({reason}); passing over it.")

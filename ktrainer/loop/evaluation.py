@@ -1,21 +1,29 @@
-"""One evaluation run (validation inside fit, `validate`, `test`): its hooks around the batches, exact results."""
+"""One evaluation run (validation inside fit, `validate`, `test`): its hooks around the batches, exact results;
+and the body of `Trainer.validate`/`test`/`predict` once their data and model are set up."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import keras
+import numpy as np
 
 from ktrainer.callbacks.callback_list import call_hook
 from ktrainer.data.checks import check_training_steps
-from ktrainer.data.sources import BatchSource
+from ktrainer.data.sources import BatchSource, batches_per_epoch
 from ktrainer.step.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
 
-__all__ = ["run_evaluation", "HOOK_NAMES"]
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
+
+__all__ = ["run_evaluation", "evaluate", "predict", "HOOK_NAMES"]
 
 HOOK_NAMES = {"val": "validation", "test": "test"}  # the prefix of the logged names -> the hooks' word
 
 
-def run_evaluation(trainer: Any, module: Any, source: BatchSource, runner: Any, num_batches: int | None,
+def run_evaluation(trainer: Trainer, module: Module, source: BatchSource, runner: Any, num_batches: int | None,
                    stage: str, before_execution: Callable[[], None] | None = None) -> dict[str, float]:
     """Run `runner` over `source` (at most `num_batches`), between the epoch hooks of `stage` ("val" or "test").
 
@@ -62,3 +70,27 @@ def run_evaluation(trainer: Any, module: Any, source: BatchSource, runner: Any, 
     results.update(hook_values(module._take_logged()))
     trainer.reporter.remember(results, metrics.prog_bar_names())
     return results
+
+
+def evaluate(trainer: Trainer, module: Module, source: BatchSource, runner: Any, prefix: str) -> dict[str, float]:
+    """`Trainer.validate`/`test`: the start hooks, one evaluation run, its metrics logged, the end hooks.
+
+    Returns:
+        The epoch metrics, also kept as `trainer.eval_results`.
+    """
+    kind = HOOK_NAMES[prefix]
+    limit = trainer.limit_val_batches if prefix == "val" else None
+    call_hook(trainer.callbacks, f"on_{kind}_start", trainer, module)
+    metrics = run_evaluation(trainer, module, source, runner, batches_per_epoch(source, limit), prefix)
+    trainer.log_metrics(metrics)
+    trainer.eval_results = metrics
+    call_hook(trainer.callbacks, f"on_{kind}_end", trainer, module)
+    return metrics
+
+
+def predict(trainer: Trainer, module: Module, source: BatchSource) -> Any:
+    """`Trainer.predict`: the hooks around the engine's prediction, the batches' results concatenated."""
+    call_hook(trainer.callbacks, "on_predict_start", trainer, module)
+    chunks = trainer.engine.predict(module, source)
+    call_hook(trainer.callbacks, "on_predict_end", trainer, module)
+    return keras.tree.map_structure(lambda *parts: np.concatenate(parts, axis=0), *chunks)

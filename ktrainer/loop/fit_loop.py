@@ -13,7 +13,7 @@ import signal
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,10 @@ from ktrainer.loop.run_summary import stop_line, stop_reason
 from ktrainer.progress import Progress
 from ktrainer.step.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
 from ktrainer.step.outputs import APPLIED, CLOCK, LOSS_SCALE, SKIPPED, STOP
+
+if TYPE_CHECKING:
+    from ktrainer.module import Module
+    from ktrainer.trainer import Trainer
 
 __all__ = ["FitLoop", "save_checkpoints_now", "SKIPPED_STEPS"]
 
@@ -54,7 +58,7 @@ class FitLoop:
         signals: The watcher of preemption signals.
     """
 
-    def __init__(self, trainer: Any, module: Any, train: BatchSource, train_step: Any, train_runner: Any,
+    def __init__(self, trainer: Trainer, module: Module, train: BatchSource, train_step: Any, train_runner: Any,
                  val: BatchSource | None, val_runner: Any, val_batches: int | None, signals: SignalWatcher) -> None:
         self.trainer, self.module = trainer, module
         self.train, self.train_step, self.train_runner = train, train_step, train_runner
@@ -192,9 +196,7 @@ class FitLoop:
         outputs = dispatched.call.result()
         ran = len(outputs[APPLIED])
         if ran == 0:
-            if progress.batch_in_epoch == 0:
-                check_stream_not_ended(self.train, progress.epoch)
-                check_training_steps(0, None, trainer.batch_size, trainer.engine.replicas)
+            self._check_epoch_had_data()
             return True
         if self.window > 1:  # no batch hook reads the weights: called where the execution is accounted
             self._call("on_train_batch_start", dispatched.first_batch)
@@ -203,24 +205,48 @@ class FitLoop:
         progress.pending_validation = due  # a checkpoint saved before it runs (batch hooks, preemption) runs it
         if self.sync_each_batch:
             trainer.engine.sync()
-        if progress.global_step == dispatched.after.global_step:  # else its data ended early: decide now
-            trainer.state.planned_saves = dispatched.planned_saves
-        try:
-            self._call("on_train_batch_end", step_metrics, progress.batch_in_epoch - 1)
-        finally:
-            trainer.state.planned_saves = None
+        self._batch_end(dispatched, step_metrics)
         if trainer.engine.multi_process:
-            trainer.clock.agree(outputs[CLOCK][-1])
-            self._stop_voted = self._stop_voted or outputs[STOP][-1] > 0
+            self._agree(outputs)
         if not flight:  # the state is at this step: a preemption can be saved here
             self._check_for_preemption(outputs)
         if due:
             self._validate()
         if ran < dispatched.num_steps:
             return True
-        if trainer.should_stop or (trainer.max_steps is not None and progress.global_step >= trainer.max_steps):
-            return False
-        return None
+        return False if self._step_limit_or_stop() else None
+
+    def _check_epoch_had_data(self) -> None:
+        """An execution ran no batch: unless the epoch trained some already, its data ended before a first batch.
+
+        Raises:
+            ValueError: For a stream that ended in an earlier epoch, or data too short for one step.
+        """
+        trainer, progress = self.trainer, self.trainer.progress
+        if progress.batch_in_epoch == 0:
+            check_stream_not_ended(self.train, progress.epoch)
+            check_training_steps(0, None, trainer.batch_size, trainer.engine.replicas)
+
+    def _batch_end(self, dispatched: _Dispatched, step_metrics: dict[str, float]) -> None:
+        """`on_train_batch_end`, with the saves decided at dispatch in force when the execution ran whole."""
+        trainer, progress = self.trainer, self.trainer.progress
+        if progress.global_step == dispatched.after.global_step:  # else its data ended early: decide now
+            trainer.state.planned_saves = dispatched.planned_saves
+        try:
+            self._call("on_train_batch_end", step_metrics, progress.batch_in_epoch - 1)
+        finally:
+            trainer.state.planned_saves = None
+
+    def _agree(self, outputs: dict[str, np.ndarray]) -> None:
+        """Several processes: take the chief's clock and the stop vote from the execution's all-reduce."""
+        self.trainer.clock.agree(outputs[CLOCK][-1])
+        self._stop_voted = self._stop_voted or outputs[STOP][-1] > 0
+
+    def _step_limit_or_stop(self) -> bool:
+        """True when a callback asked to stop, or the run reached `max_steps`."""
+        trainer = self.trainer
+        limit = trainer.max_steps
+        return trainer.should_stop or (limit is not None and trainer.progress.global_step >= limit)
 
     def _epoch_counted_out(self) -> bool:
         trainer = self.trainer
@@ -375,7 +401,7 @@ class FitLoop:
         call_hook(self.trainer.callbacks, hook, self.trainer, self.module, *args)
 
 
-def save_checkpoints_now(trainer: Any, reason: str) -> list[str]:
+def save_checkpoints_now(trainer: Trainer, reason: str) -> list[str]:
     """Save through every ModelCheckpoint now and wait until each is committed; the URLs saved."""
     saved = []
     for callback in trainer.callbacks:
@@ -404,7 +430,7 @@ def _batch_hooks_read_weights(callbacks: list) -> bool:
     return any(may_read(callback) for callback in callbacks)
 
 
-def in_flight_window(trainer: Any, module: Any, runner: Any, batch_hooks_read_weights: bool) -> int:
+def in_flight_window(trainer: Trainer, module: Module, runner: Any, batch_hooks_read_weights: bool) -> int:
     """How many executions the loop keeps in flight: `Trainer(max_in_flight=...)`, or 1 where the engine runs
     each call to its end before it returns (TensorFlow), or where an execution's effect must be known before
     the next is dispatched: a batch hook that may read the weights; loss scaling (an in-flight step may be

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import keras
 
 from ktrainer.precision.loss_scale import NoLossScale
+from ktrainer.utils.logs import warn_user
 
 __all__ = ["Precision"]
 
@@ -34,11 +34,9 @@ class Precision:
     def wrap_optimizer(self, optimizer: Any) -> Any:
         """Return the optimizer the step uses. A LossScaleOptimizer is unwrapped: it is not needed here."""
         if isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
-            warnings.warn(
+            warn_user(
                 f"configure_optimizers() returned a LossScaleOptimizer, but precision={self.name!r} needs no "
-                "loss scaling; the Trainer uses its inner optimizer. Loss scaling is for precision='16-mixed'.",
-                stacklevel=3,
-            )
+                "loss scaling; the Trainer uses its inner optimizer. Loss scaling is for precision='16-mixed'.")
             return optimizer.inner_optimizer
         return optimizer
 

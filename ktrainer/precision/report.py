@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import NamedTuple
 
 import keras
 
 from ktrainer.compat.keras_internals import flat_layers
+from ktrainer.utils.logs import warn_user
 
 __all__ = ["LayerPrecision", "precision_report", "output_dtypes", "check_output_dtype", "summarize"]
 
@@ -73,13 +73,10 @@ def check_output_dtype(dtypes: list[str], precision_name: str, compute_dtype: st
         which = f"layer{'s' if len(layers) > 1 else ''} {', '.join(repr(name) for name in layers)}"
     else:
         which = "the layer that makes the model's output"
-    warnings.warn(
+    warn_user(
         f"precision={precision_name!r}: {whose} is {', '.join(sorted(set(dtypes)))}, not float32. "
         f"Softmax and the loss need float32's range and precision. Fix: create {which} with dtype=\"float32\", "
-        f"e.g. keras.layers.Dense(..., dtype=\"float32\").",
-        UserWarning,
-        stacklevel=4,
-    )
+        f"e.g. keras.layers.Dense(..., dtype=\"float32\").")
 
 
 def summarize(report: dict[str, LayerPrecision], precision_name: str, policy: str) -> str:

@@ -33,7 +33,7 @@ def call_scope(trainer: Trainer, stage: str, module: Module) -> Iterator[None]:
     previous_policy = keras.config.dtype_policy()
     trainer.state = TrainerState(stage=stage)
     trainer.should_stop, trainer.stop_reason = False, None
-    module.trainer = trainer
+    module.trainer, trainer.module = trainer, module
     status = "success"
     try:
         trainer.engine.start()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import keras
 
 from ktrainer.checks import defines_hook
+from ktrainer.utils.logs import warn_user
 
 __all__ = ["check_layers_created_in_build", "warn_val_data_without_validation_step"]
 
@@ -55,7 +55,6 @@ def warn_val_data_without_validation_step(module: Any, base: type) -> bool:
     """
     if defines_hook(module, "validation_step", base):
         return True
-    warnings.warn(f"Validation data was given, but {type(module).__name__} defines no validation_step(), so "
-                  "validation is skipped. Define validation_step(self, batch) to validate (or pass no val_data).",
-                  UserWarning, stacklevel=3)
+    warn_user(f"Validation data was given, but {type(module).__name__} defines no validation_step(), so "
+                  "validation is skipped. Define validation_step(self, batch) to validate (or pass no val_data).")
     return False

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Sequence
 from typing import Any
+
+from ktrainer.utils.logs import warn_user
 
 __all__ = ["unique_keys", "adopt_class_keys", "check_keys", "check_global_batch", "check_checkpoint_dirs"]
 
@@ -49,8 +50,8 @@ def check_keys(section: str, saved: dict[str, Any], current: dict[str, Any]) -> 
             parts.append(f"the checkpoint has state for {section} this run does not have (ignored): {orphaned}")
         if fresh:
             parts.append(f"{section} of this run with no state in the checkpoint (they start fresh): {fresh}")
-        warnings.warn("Resuming: " + "; ".join(parts) + ". Give the Trainer the same callbacks and loggers (with "
-                      "the same arguments) as the run that saved it to continue them.", UserWarning, stacklevel=3)
+        warn_user("Resuming: " + "; ".join(parts) + ". Give the Trainer the same callbacks and loggers (with "
+                      "the same arguments) as the run that saved it to continue them.")
 
 
 def check_global_batch(progress: dict[str, Any], saved: int, current: int, allow_change: bool) -> dict[str, Any]:

@@ -8,21 +8,21 @@ from __future__ import annotations
 
 import itertools
 import os
-import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ktrainer.checkpoint.format import is_own_file, step_of
-from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
-from ktrainer.checkpoint.io import CheckpointError
-from ktrainer.checkpoint.payload import checkpoint_payload
+from ktrainer.checkpoint.format import step_of
+from ktrainer.checkpoint.manager import CheckpointManager
 from ktrainer.checkpoint.resume import split_checkpoint_url
+from ktrainer.utils.logs import warn_user
+
+if TYPE_CHECKING:
+    from ktrainer.trainer import Trainer
 
 __all__ = ["save_checkpoint_at"]
 
 _SAVES = itertools.count(1)  # with the run id, a save id no other save of this process uses
 
-
-def save_checkpoint_at(trainer: Any, module: Any, filepath: str | os.PathLike,
+def save_checkpoint_at(trainer: Trainer, filepath: str | os.PathLike,
                        storage_options: dict[str, Any]) -> str | None:
     """Write the training state as one checkpoint at `filepath` (chief only) and wait for the commit.
 
@@ -41,34 +41,13 @@ def save_checkpoint_at(trainer: Any, module: Any, filepath: str | os.PathLike,
                          "whose retention would manage this one. Pass another name, e.g. 'final', or call "
                          "save_checkpoint() without a path to save through the ModelCheckpoints.")
     if trainer.state.averages_in_weights:
-        warnings.warn("save_checkpoint after fit: the model holds the optimizer's moving averages (use_ema=True, put "
+        warn_user("save_checkpoint after fit: the model holds the optimizer's moving averages (use_ema=True, put "
                       "in at the end of fit), so a run resumed from this checkpoint continues from them, not from the "
                       "weights training ended with. For an exact resume, save during fit (from a callback), or use "
-                      "the ModelCheckpoint's save_last checkpoint.", UserWarning, stacklevel=3)
+                      "the ModelCheckpoint's save_last checkpoint.")
     if not trainer.is_global_zero:
         return None
-    io, run = FsspecCheckpointIO(directory), trainer.run
-    _refuse_what_is_not_this_runs(io, directory.join(name), name, run)
-    save_id = f"{run.run_id}-{next(_SAVES)}"  # a new one each time: a second save to one path replaces the first
-    files, fields = checkpoint_payload(trainer.state_dict(), module.model, run, save_id, {"reason": "manual"})
-    return io.write(name, files, fields).url
-
-
-def _refuse_what_is_not_this_runs(io: FsspecCheckpointIO, target: Any, name: str, run: Any) -> None:
-    """Replace only a checkpoint of this run (or one it continues): never another run's, nor a folder of other files."""
-    [info] = io.list(names=[name])
-    if info.manifest is not None:
-        owner = info.fields.get("run_id")
-        if owner is not None and owner not in run.lineage:
-            raise CheckpointError(
-                f"{info.url} holds a checkpoint of another run (run {owner}, step {info.step}); ktrainer does not "
-                "overwrite it. Save to another path, or delete it first if it is no longer wanted.")
-        return
-    if target.fs.isfile(target.path):
-        raise CheckpointError(f"{info.url} is a file; a checkpoint is a folder. Pass a new path (it need not exist).")
-    held = [child for child in target.children() if not is_own_file(child)]
-    if held:
-        raise CheckpointError(
-            f"{info.url} is a folder holding what is not this checkpoint's ({', '.join(map(repr, held[:3]))}"
-            f"{', ...' if len(held) > 3 else ''}): ktrainer writes a checkpoint only into a new or empty folder, "
-            "or over a checkpoint of this run. Pass a new path, e.g. a subfolder.")
+    manager = CheckpointManager()  # outside every retention: it keeps what it writes
+    manager.open(directory, save_numbers=_SAVES)  # a new id each time: a second save to one path replaces the first
+    manager.refuse_what_is_not_this_runs(name, trainer.run.lineage)
+    return manager.write(trainer, name, {"reason": "manual"}).url

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +19,7 @@ import keras
 
 from ktrainer.compat.keras_internals import flat_layers
 from ktrainer.precision.report import check_output_dtype, output_dtypes
+from ktrainer.utils.logs import warn_user
 
 __all__ = ["CallRecord", "ModelOutputs", "watch_calls", "warn_if_not_training", "warn_if_outputs_not_float32"]
 
@@ -69,42 +69,51 @@ def watch_calls(model: keras.Model) -> Iterator[CallRecord]:
     record = CallRecord()
     patched: list[tuple[keras.layers.Layer, Any]] = []  # (layer, its own instance `call`, if it had one)
     depth = [0]  # models being called right now: only the outermost call's outputs reach the step
-
-    def watch_outputs(called: keras.Model, original: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            depth[0] += 1
-            try:
-                outputs = original(*args, **kwargs)
-            finally:
-                depth[0] -= 1
-            if depth[0] == 0:
-                dtypes = [keras.backend.standardize_dtype(o.dtype) for o in keras.tree.flatten(outputs)
-                          if hasattr(o, "dtype")]
-                record.outputs.append(ModelOutputs(called, dtypes))
-            return outputs
-        return call
-
-    def watch_training(layer: keras.layers.Layer, original: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            record.training.append((layer.name, type(layer).__name__, kwargs.get("training")))
-            return original(*args, **kwargs)
-        return call
-
     try:
         for layer in [model, *flat_layers(model)]:
             if isinstance(layer, keras.Model):
                 patched.append((layer, layer.__dict__.get("call")))
-                layer.call = watch_outputs(layer, layer.call)
+                layer.call = _watching_outputs(record, depth, layer, layer.call)
             elif _training_dependent(layer):
                 patched.append((layer, layer.__dict__.get("call")))
-                layer.call = watch_training(layer, layer.call)
+                layer.call = _watching_training(record, layer, layer.call)
         yield record
     finally:
-        for layer, own in patched:
-            if own is None:
-                del layer.call  # the class's method again
-            else:
-                layer.call = own
+        _restore(patched)
+
+
+def _watching_outputs(record: CallRecord, depth: list[int], called: keras.Model, original: Any) -> Any:
+    """`original` (the model's `call`), recording in `record` the output dtypes of a call made from the step itself
+    (`depth[0]` counts the model calls under way)."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        depth[0] += 1
+        try:
+            outputs = original(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+        if depth[0] == 0:
+            dtypes = [keras.backend.standardize_dtype(o.dtype) for o in keras.tree.flatten(outputs)
+                      if hasattr(o, "dtype")]
+            record.outputs.append(ModelOutputs(called, dtypes))
+        return outputs
+    return call
+
+
+def _watching_training(record: CallRecord, layer: keras.layers.Layer, original: Any) -> Any:
+    """`original` (the layer's `call`), recording in `record` the `training` value of each call."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        record.training.append((layer.name, type(layer).__name__, kwargs.get("training")))
+        return original(*args, **kwargs)
+    return call
+
+
+def _restore(patched: list[tuple[keras.layers.Layer, Any]]) -> None:
+    """Give each watched layer back the `call` it had: its own instance attribute, or its class's method."""
+    for layer, own in patched:
+        if own is None:
+            del layer.call  # the class's method again
+        else:
+            layer.call = own
 
 
 def warn_if_not_training(record: CallRecord) -> None:
@@ -112,13 +121,10 @@ def warn_if_not_training(record: CallRecord) -> None:
     idle = [(name, kind) for name, kind, training in record.training if training is not True]
     if idle:
         listed = ", ".join(f"{name} ({kind})" for name, kind in dict.fromkeys(idle))
-        warnings.warn(
+        warn_user(
             f"training_step called the model without training=True, so {listed} ran as in inference (no dropout, "
             "batch statistics not updated): the model does not train as Keras's fit trains it. Fix: call "
-            "self.model(x, training=True) in training_step.",
-            UserWarning,
-            stacklevel=3,
-        )
+            "self.model(x, training=True) in training_step.")
 
 
 def warn_if_outputs_not_float32(record: CallRecord, model: keras.Model, precision: Any) -> None:

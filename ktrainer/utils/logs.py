@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from typing import Any
 
-__all__ = ["LOGGER_NAME", "show_events", "configure_logging", "quietly"]
+__all__ = ["LOGGER_NAME", "show_events", "configure_logging", "quietly", "warn_user"]
 
 LOGGER_NAME = "ktrainer"
 
@@ -24,6 +25,18 @@ class _UntilTheApplicationLogs(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not logging.getLogger().handlers
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn, pointing at the user's line that called into ktrainer (e.g. their `trainer.fit(...)`), however deep
+    in ktrainer the warning is raised: a fixed `stacklevel` breaks whenever a room's call depth changes."""
+    frame, level = sys._getframe(1), 2  # level 1 is this function, 2 its caller
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def show_events() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import keras
@@ -43,9 +44,12 @@ def test_a_subclassed_model_whose_output_is_float32_is_not_warned_about():
         fit(SubclassedModule("float32"), precision="16-mixed")
 
 
-def test_a_subclassed_model_whose_output_is_float16_is_warned_about():
-    with pytest.warns(UserWarning, match="the model's output is float16, not float32"):
+def test_a_subclassed_model_whose_output_is_float16_is_warned_about_at_the_users_line():
+    with pytest.warns(UserWarning, match="the model's output is float16, not float32") as caught:
         fit(SubclassedModule(None), precision="16-mixed")
+    [warned] = [w for w in caught if "not float32" in str(w.message)]
+    package = os.path.dirname(kt.__file__) + os.sep
+    assert not warned.filename.startswith(package), warned.filename  # the user's call, not ktrainer's inside
 
 
 class WithDropout(Classifier):

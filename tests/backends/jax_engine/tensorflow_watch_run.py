@@ -78,7 +78,7 @@ trainer(max_steps=5).fit(Net(), (x, y), (x, y))
 resumed = trainer(max_epochs=2)
 resumed.fit(Net(), (x, y), (x, y), ckpt_path="last")
 resumed.validate(Net(), (x, y), ckpt_path="last")
-resumed.predict(resumed._module, x)
+resumed.predict(resumed.module, x)
 exported = ktrainer_command(["ckpt", "export", f"{sys.argv[1]}/checkpoints", f"{sys.argv[1]}/model.keras"])
 print("RESULT", json.dumps({"step": resumed.global_step, "exported": exported, "first_import": WatchTensorFlow.first}),
       flush=True)
