@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["check_choice", "check_int", "check_count_or_fraction", "check_module_hooks", "check_bool",
+__all__ = ["check_choice", "check_int", "check_count_or_fraction", "check_bool",
            "check_storage_options", "check_path", "optional", "check_fast_dev_run"]
 
 
@@ -59,27 +59,6 @@ def check_count_or_fraction(name: str, value: Any, *, allow_zero: bool = False) 
 def defines_hook(module: Any, hook: str, base: type) -> bool:
     """True when the Module's class overrides `hook` of `base`."""
     return getattr(type(module), hook) is not getattr(base, hook)
-
-
-def check_module_hooks(module: Any, base: type, hooks: Iterable[str]) -> None:
-    """Check that a Module subclass overrides `hooks` and called `super().__init__()`.
-
-    Raises:
-        TypeError: Naming the missing hook or the missing `super().__init__()` call.
-    """
-    cls = type(module)
-    if not isinstance(module, base):
-        raise TypeError(f"Trainer needs a ktrainer.Module, got {cls.__name__}. Subclass kt.Module.")
-    if "_replica_local" not in vars(module):
-        raise TypeError(
-            f"{cls.__name__}.__init__ did not call super().__init__(). Add it as the first line."
-        )
-    for hook in hooks:
-        if not defines_hook(module, hook, base):
-            raise TypeError(
-                f"{cls.__name__} does not define {hook}(), which the Trainer needs. "
-                f"Override {hook} in your Module."
-            )
 
 
 def check_bool(name: str, value: Any) -> bool:

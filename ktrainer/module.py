@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import keras
 
 from ktrainer.utils.attribute_dict import AttributeDict
 
-__all__ = ["Module", "LogOptions"]
+__all__ = ["Module", "LogOptions", "ModuleRuntime", "module_runtime"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,71 @@ class LogOptions:
     on_step: bool
     on_epoch: bool
     prog_bar: bool
+
+
+@dataclass(eq=False)
+class ModuleRuntime:
+    """What the Trainer keeps on a Module while it runs it; the user's code never touches it.
+
+    The rooms that run a Module (the loop, the engines' steps, evaluation, the build) reach it with
+    `module_runtime(module)`: one public door instead of each reading the Module's private names.
+
+    Attributes:
+        stage: The stage whose step hook runs now ("train", "val", "test", "predict"): sets
+            `self.log`'s defaults and which metric objects a logged Metric joins.
+        log_options: How each name `self.log` was given is aggregated and shown.
+        metric_objects: The Keras metric objects logged, by stage, then by logged name.
+        built_model: The model the Trainer's `build()` made (to tell it from a model the user set).
+        configured_optimizers: What `configure_optimizers()` returned, as it returned it.
+        manual: The compiled step's manual-optimization helper while `training_step` runs, else None.
+    """
+
+    stage: str = "train"
+    log_options: dict[str, LogOptions] = field(default_factory=dict)
+    metric_objects: dict[str, dict[str, keras.metrics.Metric]] = field(default_factory=dict)
+    built_model: keras.Model | None = None
+    configured_optimizers: Any = None
+    manual: Any = None
+    # MirroredStrategy runs each replica's step in a thread of its own: each logs into its own buffer
+    _replica_local: threading.local = field(default_factory=threading.local, repr=False)
+
+    @property
+    def log_buffer(self) -> dict[str, Any]:
+        """What was logged and not yet taken, in this thread."""
+        if not hasattr(self._replica_local, "buffer"):
+            self._replica_local.buffer = {}
+        return self._replica_local.buffer
+
+    def take_logged(self) -> dict[str, Any]:
+        """What was logged since the last take, in this thread; the buffer is emptied."""
+        logged = dict(self.log_buffer)
+        self.log_buffer.clear()
+        return logged
+
+    @contextlib.contextmanager
+    def step_hook(self, stage: str, manual: Any = None) -> Iterator[None]:
+        """Around one step hook of `stage`: what an earlier hook left unlogged is dropped, and `manual`
+        (the compiled step, for `self.manual_step`) is reachable only while the hook runs."""
+        self.stage = stage
+        self.take_logged()
+        self.manual = manual
+        try:
+            yield
+        finally:
+            self.manual = None
+
+
+def module_runtime(module: Module) -> ModuleRuntime:
+    """The Trainer-side state of `module` (see `ModuleRuntime`).
+
+    Raises:
+        TypeError: When the Module's `__init__` did not call `super().__init__()`.
+    """
+    runtime = vars(module).get("_runtime")
+    if not isinstance(runtime, ModuleRuntime):
+        raise TypeError(f"{type(module).__name__}.__init__ did not call super().__init__(): call it first in "
+                        "__init__, so the Module has the state the Trainer keeps on it.")
+    return runtime
 
 
 class Module:
@@ -59,15 +125,9 @@ class Module:
 
     def __init__(self) -> None:
         self.model: keras.Model | None = None
-        self._built_model: keras.Model | None = None  # the model the Trainer's build() made, to tell it apart
         self.trainer = None
         self.hparams: AttributeDict = AttributeDict()
-        self._replica_local = threading.local()  # MirroredStrategy runs each replica's step in a thread of its own
-        self._log_options: dict[str, LogOptions] = {}
-        self._metric_objects: dict[str, dict[str, keras.metrics.Metric]] = {}
-        self._stage = "train"
-        self._configured_optimizers: Any = None
-        self._manual: Any = None
+        self._runtime = ModuleRuntime()
 
     # ----- hooks the user overrides -----------------------------------------------------
 
@@ -220,7 +280,8 @@ class Module:
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"self.log needs a non-empty string name, got {name!r}.")
-        training = self._stage == "train"
+        runtime = module_runtime(self)
+        training = runtime.stage == "train"
         options = LogOptions(
             on_step=training if on_step is None else bool(on_step),
             on_epoch=(not training) if on_epoch is None else bool(on_epoch),
@@ -231,11 +292,11 @@ class Module:
                 f"self.log({name!r}, ...): on_step and on_epoch are both False, so the value "
                 "would go nowhere. Set at least one of them to True."
             )
-        self._log_options[name] = options
+        runtime.log_options[name] = options
         if isinstance(value, keras.metrics.Metric):
-            self._metric_objects.setdefault(self._stage, {})[name] = value
+            runtime.metric_objects.setdefault(runtime.stage, {})[name] = value
             return
-        self._log_buffer[name] = value
+        runtime.log_buffer[name] = value
 
     def optimizers(self) -> Any:
         """The optimizers `configure_optimizers()` returned, as it returned them (one, a list or a dict).
@@ -243,10 +304,11 @@ class Module:
         Raises:
             RuntimeError: Before the Trainer configured them.
         """
-        if self._configured_optimizers is None:
+        configured = module_runtime(self).configured_optimizers
+        if configured is None:
             raise RuntimeError("self.optimizers() is known once the Trainer called configure_optimizers(): use it "
                                "in training_step or a later hook.")
-        return self._configured_optimizers
+        return configured
 
     def manual_step(self, loss_fn: Any, optimizer: Any, variables: Any = None) -> Any:
         """Update `variables` with `optimizer` from the loss `loss_fn()` returns (manual optimization).
@@ -271,9 +333,10 @@ class Module:
         if self.automatic_optimization:
             raise RuntimeError(f"self.manual_step(...) needs manual optimization: set automatic_optimization = "
                                f"False in {type(self).__name__} (the Trainer then makes no update of its own).")
-        if self._manual is None:
+        manual = module_runtime(self).manual
+        if manual is None:
             raise RuntimeError("self.manual_step(...) works inside training_step only.")
-        return self._manual.manual_step(loss_fn, optimizer, variables)
+        return manual.manual_step(loss_fn, optimizer, variables)
 
     def save_hyperparameters(self, *names: str, ignore: str | Sequence[str] | None = None) -> None:
         """Record the constructor arguments in `self.hparams`; loggers and checkpoints carry them.
@@ -301,21 +364,6 @@ class Module:
             if args.keywords and not names:
                 values.update(args.locals.get(args.keywords, {}))
         self.hparams.update({name: value for name, value in values.items() if name not in ignored})
-
-    # ----- used by the Trainer -----------------------------------------------------------
-
-    @property
-    def _log_buffer(self) -> dict[str, Any]:
-        """What was logged and not yet taken, in this thread (each replica's step logs into its own)."""
-        local = self.__dict__["_replica_local"]
-        if not hasattr(local, "buffer"):
-            local.buffer = {}
-        return local.buffer
-
-    def _take_logged(self) -> dict[str, Any]:
-        logged = dict(self._log_buffer)
-        self._log_buffer.clear()
-        return logged
 
 
 def _init_frames_of(module: Module, frame: Any) -> list[Any]:

@@ -9,13 +9,14 @@ runs on (`KERAS_BACKEND`, `keras.config.backend()`), so the same Module runs on 
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 import keras
 
 from ktrainer.backends.engine import Engine
 
-__all__ = ["Engine", "BACKENDS", "backend_name", "plan_devices", "make_engine", "is_chief_process"]
+__all__ = ["Engine", "BACKENDS", "backend_name", "backend_version", "plan_devices", "make_engine", "is_chief_process"]
 
 BACKENDS = ("tensorflow", "jax")
 
@@ -31,6 +32,13 @@ def backend_name() -> str:
         raise ImportError(f"ktrainer runs Keras on {' or '.join(BACKENDS)}, but Keras was started with the {name!r} "
                           "backend. Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=jax before importing keras.")
     return name
+
+
+def backend_version() -> str:
+    """The version of the framework Keras runs on (TensorFlow or JAX), "?" when it does not say."""
+    name = keras.config.backend()
+    framework = sys.modules.get(name) or importlib.import_module(name)
+    return getattr(framework, "__version__", "?")
 
 
 def _package() -> Any:

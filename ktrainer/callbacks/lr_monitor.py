@@ -8,6 +8,7 @@ import keras
 
 from ktrainer.callbacks.callback import Callback
 from ktrainer.checks import check_choice
+from ktrainer.compat.keras_internals import learning_rate_as_set
 
 if TYPE_CHECKING:
     from ktrainer.module import Module
@@ -20,7 +21,7 @@ def current_learning_rate(optimizer: Any, updates_ago: int = 0) -> float:
     """The learning rate the optimizer applies at its current iteration (schedules evaluated), or at the
     iteration it had `updates_ago` updates before."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)
-    rate = inner._learning_rate
+    rate = learning_rate_as_set(inner)
     if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):
         iteration = inner.iterations
         rate = rate(iteration if updates_ago == 0 else keras.ops.convert_to_numpy(iteration) - updates_ago)

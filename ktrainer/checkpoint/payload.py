@@ -6,13 +6,12 @@ checkpoint where the user says), so both are the same checkpoint and `ckpt_path=
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from typing import Any
 
 import keras
 
+from ktrainer.backends import backend_version
 from ktrainer.checkpoint.lineage import MAX_LINEAGE
 from ktrainer.checkpoint.snapshot import to_files
 from ktrainer.checkpoint.variables import read_value, start_host_copies
@@ -48,9 +47,7 @@ def checkpoint_payload(state: dict[str, Any], model: keras.Model, run: Any, save
 
 
 def _versions() -> dict[str, str]:
-    backend = keras.config.backend()
-    module = sys.modules.get(backend) or importlib.import_module(backend)
-    return {"ktrainer": __version__, "keras": keras.__version__, backend: getattr(module, "__version__", "?")}
+    return {"ktrainer": __version__, "keras": keras.__version__, keras.config.backend(): backend_version()}
 
 
 def _model_config(model: keras.Model) -> dict | None:

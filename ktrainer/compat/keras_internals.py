@@ -13,6 +13,9 @@
   unimported TensorFlow for absent, so a JAX run imports no TensorFlow even where it is installed.
 - `Layer._flatten_layers`: every layer inside a model (nested models and layers assigned as
   attributes included), which `model.layers` does not give; `flat_layers` is the one caller.
+- `Optimizer._learning_rate`: the learning rate as it was set (a schedule, a callable or a variable);
+  the public `learning_rate` evaluates a schedule. `learning_rate_as_set` is the one reader.
+- `KerasTensor._keras_history`: which layer made a symbolic tensor; `producing_layer_name` is the one reader.
 
 A Keras release that moved or renamed one fails the import with a message naming it, rather
 than training with silently different numbers.
@@ -36,7 +39,8 @@ except ImportError as error:  # pragma: no cover - depends on the installed Kera
     raise ImportError(f"ktrainer needs Keras internals that keras {keras.__version__} does not have ({error}); "
                       "install a Keras release ktrainer supports (see pyproject.toml).") from error
 
-__all__ = ["unscaled_losses", "with_unscaled_losses", "keras_seed_state", "tensorflow_left_alone", "flat_layers"]
+__all__ = ["unscaled_losses", "with_unscaled_losses", "keras_seed_state", "tensorflow_left_alone", "flat_layers",
+           "learning_rate_as_set", "producing_layer_name"]
 
 
 def _check() -> None:
@@ -131,3 +135,13 @@ def tensorflow_left_alone() -> Iterator[None]:
 def flat_layers(model: Any) -> list[Any]:
     """Every layer inside `model`, depth first, the model itself excluded (nested models and sub-layers too)."""
     return list(model._flatten_layers(include_self=False))
+
+
+def learning_rate_as_set(optimizer: Any) -> Any:
+    """The learning rate of a Keras optimizer as it was set: a `LearningRateSchedule`, a callable or a variable."""
+    return optimizer._learning_rate
+
+
+def producing_layer_name(tensor: Any) -> str | None:
+    """The name of the layer whose call made the symbolic `tensor` (a functional model's output), or None."""
+    return getattr(getattr(getattr(tensor, "_keras_history", None), "operation", None), "name", None)

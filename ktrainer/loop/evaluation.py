@@ -12,6 +12,7 @@ import numpy as np
 from ktrainer.callbacks.callback_list import call_hook
 from ktrainer.data.checks import check_training_steps
 from ktrainer.data.sources import BatchSource, batches_per_epoch
+from ktrainer.module import module_runtime
 from ktrainer.step.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
 
 if TYPE_CHECKING:
@@ -43,11 +44,12 @@ def run_evaluation(trainer: Trainer, module: Module, source: BatchSource, runner
         The epoch metrics, e.g. {"val/loss": 0.31, "val/acc": 0.92}.
     """
     kind = HOOK_NAMES[stage]
+    runtime = module_runtime(module)
     reset_metric_objects(module, stage)
-    module._stage = stage
+    runtime.stage = stage
     getattr(module, f"on_{kind}_epoch_start")()
     call_hook(trainer.callbacks, f"on_{kind}_epoch_start", trainer, module)
-    metrics = EpochMetrics(module._log_options)
+    metrics = EpochMetrics(runtime.log_options)
     iterator = trainer.engine.batches(source)
     while num_batches is None or metrics.steps < num_batches:
         if before_execution is not None:
@@ -64,10 +66,10 @@ def run_evaluation(trainer: Trainer, module: Module, source: BatchSource, runner
     if metrics.steps == 0 and num_batches != 0:  # the data ran out (limit_val_batches=0 asks for nothing)
         check_training_steps(0, source.num_examples, trainer.batch_size, trainer.engine.replicas, what=source.what)
     results = {**metrics.epoch_metrics(), **metric_object_values(module, stage, epoch=True)}
-    module._stage = stage
+    runtime.stage = stage
     getattr(module, f"on_{kind}_epoch_end")()
     call_hook(trainer.callbacks, f"on_{kind}_epoch_end", trainer, module)
-    results.update(hook_values(module._take_logged()))
+    results.update(hook_values(runtime.take_logged()))
     trainer.reporter.remember(results, metrics.prog_bar_names())
     return results
 

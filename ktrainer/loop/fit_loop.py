@@ -28,6 +28,7 @@ from ktrainer.data.sources import BatchSource
 from ktrainer.loop.evaluation import run_evaluation
 from ktrainer.loop.preemption import Preempted, SignalWatcher
 from ktrainer.loop.run_summary import stop_line, stop_reason
+from ktrainer.module import module_runtime
 from ktrainer.progress import Progress
 from ktrainer.step.metrics import EpochMetrics, hook_values, metric_object_values, reset_metric_objects
 from ktrainer.step.outputs import APPLIED, CLOCK, LOSS_SCALE, SKIPPED, STOP
@@ -114,11 +115,11 @@ class FitLoop:
             reset_metric_objects(module, "train")  # resumed mid-epoch, they hold the checkpoint's state
         progress.start_epoch()
         self.epoch_record = {}
-        module._stage = "train"
+        module_runtime(module).stage = "train"
         module.on_train_epoch_start()
         self._call("on_train_epoch_start")
         self._log_hook_values()
-        return EpochMetrics(module._log_options, progress.epoch_sums)
+        return EpochMetrics(module_runtime(module).log_options, progress.epoch_sums)
 
     def _run_batches(self, metrics: EpochMetrics) -> bool:
         """Compiled executions until the epoch's batches run out, a step limit is hit, or a callback stops.
@@ -311,7 +312,7 @@ class FitLoop:
         trainer.reporter.remember(epoch_values, metrics.prog_bar_names())
         self.epoch_record.update(epoch_values)
         progress.epoch_done = epoch_ended
-        module._stage = "train"
+        module_runtime(module).stage = "train"
         module.on_train_epoch_end()
         self._call("on_train_epoch_end")
         self._log_hook_values()
@@ -392,7 +393,7 @@ class FitLoop:
 
     def _log_hook_values(self) -> None:
         """Log what the module logged from a Python hook (numbers), at once, at the current step."""
-        values = hook_values(self.module._take_logged())
+        values = hook_values(module_runtime(self.module).take_logged())
         if values:
             self.trainer.log_metrics(values)
             self.epoch_record.update(values)

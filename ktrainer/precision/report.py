@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import keras
 
-from ktrainer.compat.keras_internals import flat_layers
+from ktrainer.compat.keras_internals import flat_layers, producing_layer_name
 from ktrainer.utils.logs import warn_user
 
 __all__ = ["LayerPrecision", "precision_report", "output_dtypes", "check_output_dtype", "summarize"]
@@ -50,7 +50,7 @@ def output_dtypes(model: keras.Model) -> tuple[list[str], list[str]]:
     dtypes = [keras.backend.standardize_dtype(t.dtype) for t in tensors]
     layers = []
     for tensor, dtype in zip(tensors, dtypes, strict=True):
-        name = getattr(getattr(getattr(tensor, "_keras_history", None), "operation", None), "name", None)
+        name = producing_layer_name(tensor)
         if dtype != "float32" and name is not None and name not in layers:
             layers.append(name)
     return dtypes, layers

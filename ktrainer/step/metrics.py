@@ -7,7 +7,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from ktrainer.module import LogOptions
+from ktrainer.module import LogOptions, module_runtime
 from ktrainer.progress import RunningSums
 from ktrainer.step.outputs import APPLIED, BATCH_SIZE, CLOCK, SKIPPED, STOP
 
@@ -100,7 +100,7 @@ def metric_object_values(module: Any, stage: str, *, epoch: bool) -> dict[str, f
     """
     values = {}
     for name, metric in metric_objects(module, stage).items():
-        step_name, epoch_name = metric_names(name, module._log_options[name])
+        step_name, epoch_name = metric_names(name, module_runtime(module).log_options[name])
         logged = epoch_name if epoch else step_name
         if logged is None:
             continue
@@ -116,7 +116,7 @@ def metric_object_values(module: Any, stage: str, *, epoch: bool) -> dict[str, f
 
 def metric_objects(module: Any, stage: str) -> dict[str, Any]:
     """The Keras metric objects `module` logged in `stage` ("train", "val", "test"), by logged name."""
-    return module._metric_objects.get(stage, {})
+    return module_runtime(module).metric_objects.get(stage, {})
 
 
 def reset_metric_objects(module: Any, stage: str) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import keras
 
+from ktrainer.module import module_runtime
 from ktrainer.step.hooks import call_step_hook, loss_from_return
 
 __all__ = ["BATCH_SIZE", "APPLIED", "SKIPPED", "LOSS_SCALE", "STOP", "CLOCK", "SAME_ON_EVERY_REPLICA", "batch_size_of",
@@ -105,11 +106,12 @@ class EvalStep:
 
     def __call__(self, batch: Any) -> dict[str, Any]:
         """One evaluation step on one (per-replica) batch."""
-        self.module._stage = self.prefix
-        self.module._take_logged()
-        returned = loss_from_return(self.module, call_step_hook(self.module, self.hook, batch), self.hook, self.prefix)
+        runtime = module_runtime(self.module)
+        with runtime.step_hook(self.prefix):
+            returned = loss_from_return(self.module, call_step_hook(self.module, self.hook, batch), self.hook,
+                                        self.prefix)
         if returned is not None:
             loss = with_model_losses(self.module, check_loss(returned, self.hook), self.prefix)
             self.module.log(f"{self.prefix}/loss", loss)
-        logs = scalar_logs(self.module._take_logged(), self.hook)
+        logs = scalar_logs(runtime.take_logged(), self.hook)
         return {**logs, BATCH_SIZE: batch_size_of(batch)}

@@ -9,6 +9,7 @@ from typing import Any
 import keras
 
 from ktrainer.backends.accelerators import hardware_advice
+from ktrainer.module import module_runtime
 from ktrainer.precision.float32_layers import float32_at_construction, keep_float32
 from ktrainer.precision.report import check_output_dtype, output_dtypes
 from ktrainer.trainer.lr_scaling import scale_learning_rate
@@ -53,7 +54,7 @@ def build_model(module: Any, precision: Any, float32_layers: list, engine: Any) 
             if not isinstance(model, keras.Model):
                 raise TypeError(f"{type(module).__name__}.build() returned {type(model).__name__}; it must return "
                                 "a keras.Model (e.g. keras.Sequential([...])).")
-            module.model = module._built_model = model
+            module.model = module_runtime(module).built_model = model
             unmatched = [s for s in float32_layers if s not in matched]
             if unmatched:  # names Keras gave: known only now
                 keep_float32(model, unmatched)
@@ -73,7 +74,7 @@ def build_optimizers(module: Any, precision: Any, engine: Any, lr_scaling: str |
     with engine.scope():
         returned = module.configure_optimizers()
         configured = configured_optimizers(returned, module)
-        module._configured_optimizers = returned
+        module_runtime(module).configured_optimizers = returned
         wrapped = [precision.wrap_optimizer(each) for each in configured]
         for each in wrapped:
             lr_factor = scale_learning_rate(each, lr_scaling, engine.replicas)

@@ -7,7 +7,7 @@ from typing import Any
 
 import keras
 
-from ktrainer.compat.keras_internals import tensorflow_left_alone
+from ktrainer.compat.keras_internals import learning_rate_as_set, tensorflow_left_alone
 
 __all__ = ["scale_learning_rate", "ScaledSchedule", "LR_SCALINGS"]
 
@@ -62,7 +62,7 @@ def scale_learning_rate(optimizer: Any, scaling: str | None, replicas: int) -> f
     previous = getattr(inner, _APPLIED, 1.0)
     if factor == previous:
         return factor
-    rate = _unscaled(inner._learning_rate, previous)
+    rate = _unscaled(learning_rate_as_set(inner), previous)
     if factor == 1.0:
         inner.learning_rate = rate
     elif isinstance(rate, keras.optimizers.schedules.LearningRateSchedule):

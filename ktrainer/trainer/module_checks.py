@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import keras
 
 from ktrainer.checks import defines_hook
+from ktrainer.module import Module, module_runtime
 from ktrainer.utils.logs import warn_user
 
-__all__ = ["check_layers_created_in_build", "warn_val_data_without_validation_step"]
+__all__ = ["check_module_hooks", "check_layers_created_in_build", "warn_val_data_without_validation_step"]
+
+
+def check_module_hooks(module: Any, hooks: Iterable[str]) -> None:
+    """Check that `module` is a Module whose class overrides `hooks` and whose `__init__` called `super().__init__()`.
+
+    Raises:
+        TypeError: Naming what is not a Module, the missing `super().__init__()` call or the missing hook.
+    """
+    cls = type(module)
+    if not isinstance(module, Module):
+        raise TypeError(f"Trainer needs a ktrainer.Module, got {cls.__name__}. Subclass kt.Module.")
+    module_runtime(module)
+    for hook in hooks:
+        if not defines_hook(module, hook, Module):
+            raise TypeError(f"{cls.__name__} does not define {hook}(), which the Trainer needs. "
+                            f"Override {hook} in your Module.")
 
 
 def _layers_in(value: Any) -> list[keras.layers.Layer]:
@@ -31,7 +49,7 @@ def check_layers_created_in_build(module: Any) -> None:
     Raises:
         TypeError: Naming the attributes and saying to move them into `build()`.
     """
-    if module.model is not None and module.model is module._built_model:
+    if module.model is not None and module.model is module_runtime(module).built_model:
         return  # built by an earlier fit/validate/test: its layers are the model's
     found = [f"self.{name} ({type(layer).__name__})" for name, value in vars(module).items()
              if not name.startswith("_") for layer in _layers_in(value)]

@@ -14,7 +14,6 @@ from ktrainer.backends import make_engine
 from ktrainer.callbacks import Callback
 from ktrainer.checkpoint.lineage import RunIdentity
 from ktrainer.checkpoint.resume import check_ckpt_path
-from ktrainer.checks import check_module_hooks
 from ktrainer.loggers import Logger
 from ktrainer.loop.evaluation import evaluate, predict
 from ktrainer.loop.fit_loop import FitLoop
@@ -29,6 +28,7 @@ from ktrainer.progress import Progress, draw_seed
 from ktrainer.schedule import Schedule
 from ktrainer.trainer.arguments import DEFAULT_MAX_EPOCHS, check_fit_arguments, check_trainer_arguments
 from ktrainer.trainer.call_scope import call_scope
+from ktrainer.trainer.module_checks import check_module_hooks
 from ktrainer.trainer.resume_checks import check_checkpoint_dirs
 from ktrainer.trainer.setup import prepare_evaluation, prepare_fit, prepare_prediction
 from ktrainer.trainer.state_methods import StateMethods
@@ -225,7 +225,7 @@ class Trainer(StateMethods):
             CheckpointError: If `ckpt_path` names no valid checkpoint.
             Preempted: After a preemption signal, once a checkpoint is saved (a SystemExit).
         """
-        check_module_hooks(module, Module, ("build", "configure_optimizers", "training_step"))
+        check_module_hooks(module, ("build", "configure_optimizers", "training_step"))
         ckpt_path = self._named_checkpoint(check_ckpt_path(ckpt_path))
         check_fit_arguments(shuffle, validation_split, val_data)
         if self.settings.max_epochs_defaulted:  # at fit, as Lightning: a Trainer that only evaluates sets no limit
@@ -283,14 +283,14 @@ class Trainer(StateMethods):
         Returns:
             A numpy array (or a structure of arrays, as predict_step returns), one row per example.
         """
-        check_module_hooks(module, Module, ("build",))
+        check_module_hooks(module, ("build",))
         ckpt_path = self._named_checkpoint(check_ckpt_path(ckpt_path))
         with call_scope(self, "predict", module):
             return predict(self, module, prepare_prediction(self, module, data, ckpt_path))
 
     def _evaluate(self, module: Module, data: Any, hook: str, prefix: str, stage: str,
                   ckpt_path: str | os.PathLike | None) -> dict[str, float]:
-        check_module_hooks(module, Module, ("build",))
+        check_module_hooks(module, ("build",))
         ckpt_path = self._named_checkpoint(check_ckpt_path(ckpt_path))
         with call_scope(self, stage, module):
             source, runner = prepare_evaluation(self, module, data, hook, prefix, ckpt_path)

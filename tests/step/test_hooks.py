@@ -7,6 +7,7 @@ import keras
 import pytest
 
 import ktrainer as kt
+from ktrainer.module import module_runtime
 from ktrainer.step.hooks import call_step_hook, loss_from_return, takes_batch_idx, traced_batch_index, wrapped_optimizer
 
 pytestmark = pytest.mark.both_backends
@@ -72,7 +73,7 @@ def test_a_returned_loss_that_is_not_a_dict_comes_back_as_it_is():
     loss = keras.ops.convert_to_tensor(0.5)
     assert loss_from_return(module, loss, "training_step", "train") is loss
     assert loss_from_return(module, None, "validation_step", "val") is None
-    assert module._take_logged() == {}
+    assert module_runtime(module).take_logged() == {}
 
 
 def test_a_returned_dict_gives_its_loss_and_logs_its_other_scalars_under_the_stage_prefix():
@@ -82,7 +83,7 @@ def test_a_returned_dict_gives_its_loss_and_logs_its_other_scalars_under_the_sta
     returned = {"loss": loss, "acc": accuracy, "count": 3, "weight": 0.5, "val/other": accuracy,
                 "preds": predictions, "names": ["a", "b"]}
     assert loss_from_return(module, returned, "validation_step", "val") is loss
-    logged = module._take_logged()
+    logged = module_runtime(module).take_logged()
     assert set(logged) == {"val/acc", "val/count", "val/weight", "val/other"}  # the loss and non-scalars are not
     assert logged["val/acc"] is accuracy and logged["val/count"] == 3 and logged["val/weight"] == 0.5
 

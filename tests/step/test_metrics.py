@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ktrainer as kt
-from ktrainer.module import LogOptions
+from ktrainer.module import LogOptions, module_runtime
 from ktrainer.progress import RunningSums
 from ktrainer.step.metrics import EpochMetrics, hook_values, metric_names, metric_object_values, reset_metric_objects
 
@@ -95,7 +95,7 @@ def logged_metrics() -> tuple[kt.Module, keras.metrics.Mean, keras.metrics.Mean]
     module = kt.Module()
     running = keras.metrics.Mean()
     module.log("train/mae", running, on_step=True, on_epoch=True)
-    module._stage = "val"  # as the Trainer sets it around validation_step
+    module_runtime(module).stage = "val"  # as the Trainer sets it around validation_step
     exact = keras.metrics.Mean()
     module.log("val/mae", exact)
     running.update_state([1.0, 2.0, 6.0])
@@ -123,7 +123,7 @@ def test_resetting_a_stage_resets_its_metric_objects_only():
 
 def test_a_metric_object_with_a_vector_result_is_refused_with_what_to_log_instead():
     module = kt.Module()
-    module._stage = "val"
+    module_runtime(module).stage = "val"
     precision = keras.metrics.Precision(thresholds=[0.3, 0.7])
     module.log("val/precision", precision)
     precision.update_state([1.0, 0.0], [0.5, 0.9])

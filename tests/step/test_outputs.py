@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ktrainer as kt
-from ktrainer.module import LogOptions
+from ktrainer.module import LogOptions, module_runtime
 from ktrainer.step.outputs import BATCH_SIZE, EvalStep, batch_size_of, check_loss, scalar_logs, with_model_losses
 
 pytestmark = pytest.mark.both_backends
@@ -87,16 +87,18 @@ def test_the_models_own_losses_are_added_and_logged_as_reg_loss():
     module = Regularized()
     loss = with_model_losses(module, keras.ops.convert_to_tensor(1.0), "train")
     assert float(value(loss)) == pytest.approx(3.5)
-    assert float(value(module._take_logged()["train/reg_loss"])) == pytest.approx(2.5)
-    assert module._log_options["train/reg_loss"] == LogOptions(on_step=True, on_epoch=True, prog_bar=False)
+    assert float(value(module_runtime(module).take_logged()["train/reg_loss"])) == pytest.approx(2.5)
+    assert module_runtime(module).log_options["train/reg_loss"] == LogOptions(on_step=True, on_epoch=True,
+                                                                               prog_bar=False)
 
 
 def test_in_evaluation_the_reg_loss_is_logged_per_epoch_and_the_loss_keeps_its_dtype():
     module = Regularized()
-    module._stage = "val"  # as EvalStep sets it
+    module_runtime(module).stage = "val"  # as EvalStep sets it
     loss = with_model_losses(module, keras.ops.convert_to_tensor(1.0, "float16"), "val")
     assert dtype(loss) == "float16" and float(value(loss)) == pytest.approx(3.5)
-    assert module._log_options["val/reg_loss"] == LogOptions(on_step=False, on_epoch=True, prog_bar=False)
+    assert module_runtime(module).log_options["val/reg_loss"] == LogOptions(on_step=False, on_epoch=True,
+                                                                             prog_bar=False)
 
 
 @pytest.mark.parametrize("case", ["no penalty", "switched off", "no model"])
@@ -107,23 +109,23 @@ def test_nothing_is_added_or_logged_without_model_losses_or_when_switched_off(ca
         module.model = None
     loss = keras.ops.convert_to_tensor(1.0)
     assert with_model_losses(module, loss, "train") is loss
-    assert module._take_logged() == {}
+    assert module_runtime(module).take_logged() == {}
 
 
 def test_an_evaluation_step_returns_its_logs_and_loss_as_float32_with_the_batch_size():
     module = Regularized()
-    module._log_buffer["train/stale"] = 9.0  # left by an earlier hook: not this step's
+    module_runtime(module).log_buffer["train/stale"] = 9.0  # left by an earlier hook: not this step's
     x = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], np.float32)
     y = np.array([0.0, 0.0, 0.0], np.float32)
     outputs = EvalStep(module, "validation_step", "val")((x, y))
-    assert module._stage == "val"
+    assert module_runtime(module).stage == "val"
     assert set(outputs) == {"val/first", "val/reg_loss", "val/loss", BATCH_SIZE}
     assert {dtype(tensor) for tensor in outputs.values()} == {"float32"}
     squared_error = np.mean((x @ np.array([1.0, 2.0]) - y) ** 2)  # (1 + 4 + 9) / 3
     assert float(value(outputs["val/loss"])) == pytest.approx(squared_error + 2.5)
     assert float(value(outputs["val/reg_loss"])) == pytest.approx(2.5)
     assert float(value(outputs["val/first"])) == 1.0 and float(value(outputs[BATCH_SIZE])) == 3.0
-    assert module._take_logged() == {}
+    assert module_runtime(module).take_logged() == {}
 
 
 def test_an_evaluation_step_that_returns_nothing_logs_no_loss():

@@ -26,6 +26,7 @@ from ktrainer.backends.jax.cpu_float16 import check_float16_lowers_on_cpu
 from ktrainer.backends.jax.flops import matmul_flops
 from ktrainer.backends.jax.read_ahead import ReadAhead
 from ktrainer.backends.jax.train_step import JaxTrainStep, current_values, stateless_values, tracing_scope
+from ktrainer.module import module_runtime
 from ktrainer.step.hooks import call_step_hook, traced_batch_index
 from ktrainer.step.metrics import metric_objects
 from ktrainer.step.outputs import CLOCK, STOP, EvalStep
@@ -173,7 +174,7 @@ class JaxEngine(Engine):
         variables = list(model.variables)
 
         def predict(values: list, batch: Any, index: Any) -> Any:
-            module._stage = "predict"
+            module_runtime(module).stage = "predict"
             with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))), \
                     traced_batch_index(index):
                 return call_step_hook(module, "predict_step", batch)

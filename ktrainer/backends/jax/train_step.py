@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import keras
 
 from ktrainer.backends.jax.update_rule import JaxUpdateRule
-from ktrainer.module import LogOptions
+from ktrainer.module import LogOptions, module_runtime
 from ktrainer.step.accumulation import groups_mismatch, groups_state_dict, load_groups
 from ktrainer.step.hooks import NO_UPDATE, call_step_hook, loss_from_return, traced_batch_index, wrapped_optimizer
 from ktrainer.step.metrics import metric_objects
@@ -150,29 +150,25 @@ class JaxTrainStep:
         scale = []
         if self.rules and self.rules[0].loss_scale.scaling:
             scale = [LOSS_SCALE]
-            self.module._log_options[LOSS_SCALE] = LogOptions(on_step=True, on_epoch=False, prog_bar=True)
+            shown = LogOptions(on_step=True, on_epoch=False, prog_bar=True)
+            module_runtime(self.module).log_options[LOSS_SCALE] = shown
         return [*logged, *scale, BATCH_SIZE, APPLIED, SKIPPED]
 
     def forward(self, batch: Any, index: Any = None) -> tuple[dict[str, Any], Any]:
         """The module's `training_step` on one batch: (its logs, the loss), inside the caller's scope. With
         manual optimization its `manual_step` calls make the updates (or, outside a step, name the rules)."""
         module = self.module
-        module._stage = "train"
-        module._take_logged()
-        module._manual = self
-        try:
-            with traced_batch_index(index):
-                returned = loss_from_return(module, call_step_hook(module, "training_step", batch), "training_step",
-                                            "train")
-        finally:
-            module._manual = None
+        runtime = module_runtime(module)
+        with runtime.step_hook("train", manual=self), traced_batch_index(index):
+            returned = loss_from_return(module, call_step_hook(module, "training_step", batch), "training_step",
+                                        "train")
         if self.automatic:
             loss = with_model_losses(module, check_loss(returned, "training_step"), "train")
         else:
             loss = None if returned is None else check_loss(returned, "training_step")
         if loss is not None:
             module.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        return scalar_logs(module._take_logged(), "training_step"), loss
+        return scalar_logs(runtime.take_logged(), "training_step"), loss
 
     # ----- the state ---------------------------------------------------------------------------
 

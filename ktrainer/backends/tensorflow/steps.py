@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from ktrainer.backends.engine import InFlight, Runner
 from ktrainer.compat.keras_internals import with_unscaled_losses
+from ktrainer.module import module_runtime
 from ktrainer.step.hooks import call_step_hook, traced_batch_index
 from ktrainer.step.outputs import BATCH_SIZE, SAME_ON_EVERY_REPLICA
 
@@ -124,7 +125,7 @@ def compile_predict_step(module: Any, strategy: tf.distribute.Strategy) -> Calla
     """A compiled function of one batch and its index that runs `module.predict_step` on every replica."""
 
     def predict(batch, batch_idx):
-        module._stage = "predict"
+        module_runtime(module).stage = "predict"
         with traced_batch_index(batch_idx):
             outputs = strategy.run(with_unscaled_losses(lambda each: call_step_hook(module, "predict_step", each)),
                                    args=(batch,))

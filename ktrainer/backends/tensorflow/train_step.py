@@ -29,7 +29,7 @@ from ktrainer.backends.tensorflow.gradients import (
     sum_duplicate_rows,
     values,
 )
-from ktrainer.module import LogOptions
+from ktrainer.module import LogOptions, module_runtime
 from ktrainer.precision.loss_scale import scale_gradient
 from ktrainer.step.accumulation import PartialGroup, groups_mismatch, groups_state_dict, load_groups
 from ktrainer.step.hooks import NO_UPDATE, call_step_hook, loss_from_return, wrapped_optimizer
@@ -329,10 +329,8 @@ class TrainStep:
 
     def _run_training_step(self, batch: Any, automatic_update: Callable | None) -> dict[str, tf.Tensor]:
         module = self.module
-        module._stage = "train"
-        module._take_logged()
-        module._manual = self
-        try:
+        runtime = module_runtime(module)
+        with runtime.step_hook("train", manual=self):
             if automatic_update is not None and self.automatic:
                 def loss_fn() -> Any:
                     return with_model_losses(module, check_loss(self._call_training_step(batch), "training_step"),
@@ -341,11 +339,9 @@ class TrainStep:
             else:
                 returned = self._call_training_step(batch)
                 loss = None if returned is None else check_loss(returned, "training_step")
-        finally:
-            module._manual = None
         if loss is not None:
             module.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True)
-        return scalar_logs(module._take_logged(), "training_step")
+        return scalar_logs(runtime.take_logged(), "training_step")
 
     def _agreed_values(self) -> dict[str, tf.Tensor]:
         """The stop vote (> 0 when any worker wants to stop) and the chief's clock, the same on every worker."""
@@ -365,7 +361,7 @@ class TrainStep:
         scale_ = rules[0].loss_scale()
         if scale_ is None:
             return {}
-        self.module._log_options[LOSS_SCALE] = LogOptions(on_step=True, on_epoch=False, prog_bar=True)
+        module_runtime(self.module).log_options[LOSS_SCALE] = LogOptions(on_step=True, on_epoch=False, prog_bar=True)
         return {LOSS_SCALE: tf.cast(tf.convert_to_tensor(scale_), tf.float32)}
 
     # ----- epoch ends and checkpoints ---------------------------------------------------------
