@@ -186,3 +186,29 @@ def test_model_is_built_once_and_reused_by_validate(quiet):
     assert module.model is model
     for a, b in zip(before, model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_trainer_side_state_is_one_object_that_a_step_hook_leaves_clean():
+    from ktrainer.module import module_runtime
+
+    module = Regressor()
+    runtime = module_runtime(module)
+    assert module_runtime(module) is runtime  # one object per Module, the one every room reaches
+    module.log("train/stale", 9.0)
+    helper = object()
+    with pytest.raises(ValueError, match="the hook failed"), runtime.step_hook("val", manual=helper):
+        assert runtime.take_logged() == {}  # what an earlier hook left is not this hook's
+        assert runtime.manual is helper and runtime.stage == "val"
+        module.log("val/x", 1.0)
+        raise ValueError("the hook failed")
+    assert runtime.manual is None  # gone after the hook, even when it raised: manual_step outside it is refused
+    assert runtime.take_logged() == {"val/x": 1.0} and runtime.log_options["val/x"].on_epoch
+    with pytest.raises(RuntimeError, match="inside training_step only"):
+        type("Manual", (Regressor,), {"automatic_optimization": False})().manual_step(lambda: 0.0, None)
+
+
+def test_the_state_of_a_module_without_super_init_is_a_clear_error():
+    from ktrainer.module import module_runtime
+
+    with pytest.raises(TypeError, match=r"NoSuperInit.__init__ did not call super\(\).__init__\(\)"):
+        module_runtime(NoSuperInit())
