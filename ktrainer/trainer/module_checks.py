@@ -30,29 +30,32 @@ def check_module_hooks(module: Any, hooks: Iterable[str]) -> None:
                             f"Override {hook} in your Module.")
 
 
-def _layers_in(value: Any) -> list[keras.layers.Layer]:
-    if isinstance(value, keras.layers.Layer):
-        return [value]
-    if isinstance(value, list | tuple):
-        return [item for item in value if isinstance(item, keras.layers.Layer)]
+def _found_in(value: Any, kinds: tuple[type, ...]) -> list[Any]:
+    """The objects of `kinds` that an attribute holds: itself, or the items of a list, tuple or dict."""
     if isinstance(value, dict):
-        return [item for item in value.values() if isinstance(item, keras.layers.Layer)]
-    return []
+        value = list(value.values())
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    return [item for item in items if isinstance(item, kinds)]
+
+
+def _held(module: Any, kinds: tuple[type, ...]) -> list[str]:
+    return [f"self.{name} ({type(found).__name__})" for name, value in vars(module).items()
+            if not name.startswith("_") for found in _found_in(value, kinds)]
 
 
 def check_layers_created_in_build(module: Any) -> None:
-    """A Keras model or layer found on a Module that was never built was created outside `build()`.
+    """A Keras model, layer, metric or variable found on a Module that was never built was created outside `build()`.
 
-    Created there, it misses the precision policy (it computes in float32 under "16-mixed") and the
-    strategy's scope (its variables live on one device; with `devices=2` TensorFlow fails obscurely).
+    Created there, it misses the precision policy (a layer computes in float32 under "16-mixed") and the
+    strategy's scope or mesh (its variables live on one device; with `devices=2` TensorFlow fails obscurely,
+    and a metric's state misses the other replicas).
 
     Raises:
         TypeError: Naming the attributes and saying to move them into `build()`.
     """
     if module.model is not None and module.model is module_runtime(module).built_model:
         return  # built by an earlier fit/validate/test: its layers are the model's
-    found = [f"self.{name} ({type(layer).__name__})" for name, value in vars(module).items()
-             if not name.startswith("_") for layer in _layers_in(value)]
+    found = _held(module, (keras.layers.Layer,))
     if found:
         name = type(module).__name__
         raise TypeError(
@@ -62,6 +65,15 @@ def check_layers_created_in_build(module: Any) -> None:
             "a layer made in __init__ computes in float32 under '16-mixed' and cannot be placed on several devices. "
             "A layer that only prepares data (used in train_data(), outside the model) may stay: give it a name "
             "that starts with '_', e.g. self._normalize."
+        )
+    state = _held(module, (keras.metrics.Metric, keras.Variable))
+    if state:
+        name = type(module).__name__
+        raise TypeError(
+            f"{name} holds Keras metrics or variables created before the Trainer built it: {', '.join(state)}. "
+            f"Create them in {name}.build() instead (assign them to self there): the Trainer enters the devices' "
+            "strategy scope or mesh just before build(), and a metric or variable made in __init__ lives on one "
+            "device outside it, so on several devices its state misses the other replicas."
         )
 
 

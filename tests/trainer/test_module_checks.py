@@ -84,3 +84,27 @@ def test_validation_data_without_a_validation_step_warns_that_validation_is_skip
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert warn_val_data_without_validation_step(Validating(), kt.Module) is True
+
+
+def test_metrics_and_variables_created_in_init_are_refused_with_how_to_move_them_into_build():
+    module = Holder(accuracy=keras.metrics.SparseCategoricalAccuracy(), trackers=[keras.metrics.Mean()],
+                    temperature=keras.Variable(1.0))
+    with pytest.raises(TypeError, match=r"Holder holds Keras metrics or variables created before the Trainer built "
+                                        r"it: self.accuracy \(SparseCategoricalAccuracy\), self.trackers \(Mean\), "
+                                        r"self.temperature \(.*Variable\). Create them in Holder.build\(\) instead"):
+        check_layers_created_in_build(module)
+    check_layers_created_in_build(Holder(_running=keras.metrics.Mean()))  # private: the user's own business
+
+
+class MetricInInit(SubLayers):
+    def __init__(self):
+        super().__init__()
+        self.mae = keras.metrics.MeanAbsoluteError()
+
+
+def test_fit_refuses_a_metric_made_in_init_before_anything_is_written(tmp_path):
+    data = np.ones((4, 2), np.float32), np.ones(4, np.float32)
+    trainer = kt.Trainer(max_steps=1, batch_size=4, enable_progress_bar=False, default_root_dir=str(tmp_path / "run"))
+    with pytest.raises(TypeError, match=r"self.mae \(MeanAbsoluteError\)"):
+        trainer.fit(MetricInInit(), train_data=data)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*"))
