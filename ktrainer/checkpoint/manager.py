@@ -34,6 +34,7 @@ __all__ = ["CheckpointManager"]
 
 log = logging.getLogger("ktrainer")
 
+
 class CheckpointManager:
     """Writes checkpoints of the training state into one directory and prunes them.
 

@@ -115,11 +115,12 @@ class FitLoop:
             reset_metric_objects(module, "train")  # resumed mid-epoch, they hold the checkpoint's state
         progress.start_epoch()
         self.epoch_record = {}
-        module_runtime(module).stage = "train"
+        runtime = module_runtime(module)
+        runtime.stage = "train"
         module.on_train_epoch_start()
         self._call("on_train_epoch_start")
         self._log_hook_values()
-        return EpochMetrics(module_runtime(module).log_options, progress.epoch_sums)
+        return EpochMetrics(runtime.log_options, progress.epoch_sums)
 
     def _run_batches(self, metrics: EpochMetrics) -> bool:
         """Compiled executions until the epoch's batches run out, a step limit is hit, or a callback stops.

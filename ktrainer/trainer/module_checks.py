@@ -23,7 +23,7 @@ def check_module_hooks(module: Any, hooks: Iterable[str]) -> None:
     cls = type(module)
     if not isinstance(module, Module):
         raise TypeError(f"Trainer needs a ktrainer.Module, got {cls.__name__}. Subclass kt.Module.")
-    module_runtime(module)
+    module_runtime(module)  # raises when its __init__ skipped super().__init__()
     for hook in hooks:
         if not defines_hook(module, hook, Module):
             raise TypeError(f"{cls.__name__} does not define {hook}(), which the Trainer needs. "
@@ -86,5 +86,5 @@ def warn_val_data_without_validation_step(module: Any, base: type) -> bool:
     if defines_hook(module, "validation_step", base):
         return True
     warn_user(f"Validation data was given, but {type(module).__name__} defines no validation_step(), so "
-                  "validation is skipped. Define validation_step(self, batch) to validate (or pass no val_data).")
+              "validation is skipped. Define validation_step(self, batch) to validate (or pass no val_data).")
     return False

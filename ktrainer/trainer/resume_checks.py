@@ -51,7 +51,7 @@ def check_keys(section: str, saved: dict[str, Any], current: dict[str, Any]) -> 
         if fresh:
             parts.append(f"{section} of this run with no state in the checkpoint (they start fresh): {fresh}")
         warn_user("Resuming: " + "; ".join(parts) + ". Give the Trainer the same callbacks and loggers (with "
-                      "the same arguments) as the run that saved it to continue them.")
+                  "the same arguments) as the run that saved it to continue them.")
 
 
 def check_global_batch(progress: dict[str, Any], saved: int, current: int, allow_change: bool) -> dict[str, Any]:

@@ -22,6 +22,7 @@ __all__ = ["save_checkpoint_at"]
 
 _SAVES = itertools.count(1)  # with the run id, a save id no other save of this process uses
 
+
 def save_checkpoint_at(trainer: Trainer, filepath: str | os.PathLike,
                        storage_options: dict[str, Any]) -> str | None:
     """Write the training state as one checkpoint at `filepath` (chief only) and wait for the commit.
@@ -42,9 +43,9 @@ def save_checkpoint_at(trainer: Trainer, filepath: str | os.PathLike,
                          "save_checkpoint() without a path to save through the ModelCheckpoints.")
     if trainer.state.averages_in_weights:
         warn_user("save_checkpoint after fit: the model holds the optimizer's moving averages (use_ema=True, put "
-                      "in at the end of fit), so a run resumed from this checkpoint continues from them, not from the "
-                      "weights training ended with. For an exact resume, save during fit (from a callback), or use "
-                      "the ModelCheckpoint's save_last checkpoint.")
+                  "in at the end of fit), so a run resumed from this checkpoint continues from them, not from the "
+                  "weights training ended with. For an exact resume, save during fit (from a callback), or use "
+                  "the ModelCheckpoint's save_last checkpoint.")
     if not trainer.is_global_zero:
         return None
     manager = CheckpointManager()  # outside every retention: it keeps what it writes

@@ -115,7 +115,7 @@ def find_resumable(trainer: Trainer, ckpt_path: str | None) -> Resumable | None:
     resumed = find_checkpoint(ckpt_path, trainer.checkpoint_dir, trainer.storage_options)
     if resumed is None:
         warn_user(f"ckpt_path='last': no checkpoint under {trainer.checkpoint_dir.url.rstrip('/')} yet; "
-                      "starting a new run.")
+                  "starting a new run.")
     elif not trainer.allow_global_batch_change:
         check_global_batch(resumed.state["progress"], resumed.state["run"]["global_batch_size"],
                            trainer.global_batch_size, allow_change=False)
