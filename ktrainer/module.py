@@ -147,6 +147,24 @@ class Module:
         """
         raise NotImplementedError
 
+    def configure_layout(self, mesh: Any) -> Any:
+        """Say how each variable is split over the device mesh (strategy "model_parallel" or "fsdp", JAX).
+
+        Called once before `build()` and `configure_optimizers()`; the variables are then created already
+        sharded, and the optimizer's moments follow their variable's layout.
+
+        Args:
+            mesh: The run's `keras.distribution.DeviceMesh` (its `axis_names` and `shape`).
+
+        Returns:
+            A `keras.distribution.LayoutMap`, or a dict `{regex on variable.path: axes tuple}`, e.g.
+            `{".*dense.*kernel": (None, "model")}` (the regex must match the whole path); None (the default):
+            under "fsdp" every large variable is sharded along "batch", under "model_parallel" all replicated.
+            A key that matches no variable, or an axis that does not divide its dimension, is an error before
+            anything is trained or written.
+        """
+        return None
+
     def training_step(self, batch: Any) -> Any:
         """Compute and return the scalar float loss of one batch.
 

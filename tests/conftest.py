@@ -13,7 +13,7 @@ ON_JAX = os.environ["KERAS_BACKEND"] == "jax"
 if ON_JAX:  # the logical devices the multi-device tests ask for, before JAX starts (as TensorFlow's are)
     import jax
 
-    jax.config.update("jax_num_cpu_devices", 4)
+    jax.config.update("jax_num_cpu_devices", 8)
 
 
 def pytest_collection_modifyitems(config, items):

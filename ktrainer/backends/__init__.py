@@ -45,13 +45,14 @@ def _package() -> Any:
     return importlib.import_module(f"ktrainer.backends.{backend_name()}")
 
 
-def plan_devices(accelerator: str, devices: Any, strategy: Any, num_nodes: int) -> Any:
+def plan_devices(accelerator: str, devices: Any, strategy: Any, num_nodes: int, mesh: Any = None,
+                 fsdp_min_bytes: int = 2**20) -> Any:
     """Check the Trainer's device arguments against this backend's devices and return its plan.
 
     Raises:
         ValueError: For values that are wrong, conflict, or ask for devices that are not there.
     """
-    return _package().plan_devices(accelerator, devices, strategy, num_nodes)
+    return _package().plan_devices(accelerator, devices, strategy, num_nodes, mesh, fsdp_min_bytes)
 
 
 def make_engine(plan: Any) -> Engine:

@@ -6,6 +6,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from ktrainer.backends.accelerators import Accelerators
 from ktrainer.utils.memory import process_peak, reset_process_peak
 
@@ -87,6 +89,11 @@ class Engine:
         raise NotImplementedError
 
     @property
+    def device_count(self) -> int:
+        """Devices of every process (more than `replicas` where a mesh splits each replica's model)."""
+        return self.replicas
+
+    @property
     def multi_process(self) -> bool:
         """True when several processes train together (they must agree on when to stop)."""
         return self.plan.num_nodes > 1
@@ -98,6 +105,15 @@ class Engine:
     def strategy_name(self) -> str:
         """How the devices are used, for the fit summary (e.g. "mirrored", "data_parallel")."""
         return self.plan.strategy
+
+    def distribute(self, module: Any) -> None:
+        """Set how `module`'s variables are laid out over the devices, before it is built (a sharded run's
+        `configure_layout`); nothing where every device holds all of them."""
+
+    def state_bytes(self, module: Any, optimizers: list) -> dict[str, tuple[int, int]] | None:
+        """Of a sharded run: {"weights"/"optimizer": (bytes on the most loaded device, bytes replicated)}; None
+        where every device holds the whole state."""
+        return None
 
     def visible_accelerators(self) -> Accelerators:
         """The GPUs (compute capability) and TPUs this process sees."""
@@ -156,6 +172,11 @@ class Engine:
 
     def sync(self) -> None:
         """Make the Keras variables hold the training state (where a compiled step keeps its own copy)."""
+
+    def place_slices(self, variable: Any, saved: Any) -> None:
+        """Assign a variable saved sharded (`checkpoint.slices.SavedSlices`) to `variable`: here put together whole;
+        an engine with sharded variables reads each device's region alone."""
+        variable.assign(np.asarray(saved))
 
     def reload(self) -> None:
         """Take the training state from the Keras variables again (after they were assigned: a resume, EMA)."""

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from ktrainer.checkpoint.format import data_file_name, split_data_file_name
-from ktrainer.checkpoint.tensors import TensorFile, nbytes_of, read_tensors
+from ktrainer.checkpoint.slices import SLICED, SavedSlices, sliced_of
+from ktrainer.checkpoint.tensors import TensorFile, dtype_from_name, nbytes_of, read_tensors
 
 __all__ = ["to_files", "from_files", "freeze", "is_array", "SHARD_BYTES", "STATE_FILE"]
 
@@ -49,6 +50,9 @@ def freeze(state: Any, snapshot: Callable[[Any], np.ndarray] | None = None) -> A
         return {key: freeze(value, snapshot) for key, value in state.items()}
     if isinstance(state, list | tuple):
         return [freeze(value, snapshot) for value in state]
+    sliced = None if isinstance(state, np.ndarray | np.generic) else sliced_of(state)
+    if sliced is not None:  # a sharded variable: its slices, never the whole gathered
+        return sliced.frozen(snapshot or (lambda part: np.array(part, copy=True)))
     if isinstance(state, np.ndarray | np.generic) or (is_array(state) and snapshot is None):
         return np.array(state, copy=True)
     if is_array(state):
@@ -101,6 +105,15 @@ def _with_references(value: Any, section: str, path: str, sections: dict[str, di
         if all(isinstance(v, int | float | str | bool | None) for v in value):
             return list(value)  # the common case (a random generator's state): nothing to look into
         return [_with_references(v, section, f"{path}/{i}", sections) for i, v in enumerate(value)]
+    sliced = None if isinstance(value, np.ndarray | np.generic) else sliced_of(value)
+    if sliced is not None:
+        parts = []
+        for number, region in enumerate(sliced.regions):
+            key = f"{path}@{number}"
+            if region in sliced.parts:  # this process's slice (the others' are written by their processes)
+                sections.setdefault(section, {})[key] = sliced.parts[region]
+            parts.append([section, key, [list(bounds) for bounds in region]])
+        return {SLICED: {"shape": list(sliced.shape), "dtype": sliced.dtype, "parts": parts}}
     if is_array(value):
         sections.setdefault(section, {})[path] = value
         return {_TENSOR: [section, path]}
@@ -142,22 +155,41 @@ def from_files(files: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, Any]]
     if STATE_FILE not in documents:
         raise ValueError(f"the checkpoint has no {STATE_FILE} state file")
 
-    def resolve(value: Any) -> Any:
-        if isinstance(value, dict):
-            if set(value) == {_TENSOR}:
-                section, path = value[_TENSOR]
-                try:
-                    return tensors[section][path]
-                except KeyError:
-                    raise ValueError(f"the checkpoint's state refers to a tensor {section}{path} it does not "
-                                     "hold") from None
-            return {k: resolve(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [resolve(v) for v in value]
-        return value
+    def tensor(section: str, path: str) -> np.ndarray:
+        try:
+            return tensors[section][path]
+        except KeyError:
+            raise ValueError(f"the checkpoint's state refers to a tensor {section}{path} it does not hold") from None
 
-    state = resolve(documents.pop(STATE_FILE))
+    state = _resolve(documents.pop(STATE_FILE), tensor)
     return state, documents
+
+
+def _resolve(value: Any, tensor: Callable[[str, str], np.ndarray]) -> Any:
+    """The state file's `value` with each tensor reference replaced by its array (or `SavedSlices`)."""
+    if isinstance(value, dict):
+        if set(value) == {SLICED}:
+            return _saved_slices(value[SLICED], tensor)
+        if set(value) == {_TENSOR}:
+            return tensor(*value[_TENSOR])
+        return {k: _resolve(v, tensor) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve(v, tensor) for v in value]
+    return value
+
+
+def _saved_slices(reference: Any, tensor: Callable[[str, str], np.ndarray]) -> SavedSlices:
+    """A `__sliced__` reference with its tensors (slices.py).
+
+    Raises:
+        ValueError: For a malformed reference, or slices that do not make up the variable.
+    """
+    try:
+        parts = [(tuple((int(a), int(b)) for a, b in region), tensor(section, path))
+                 for section, path, region in reference["parts"]]
+        return SavedSlices(tuple(int(d) for d in reference["shape"]), dtype_from_name(str(reference["dtype"])), parts)
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"the checkpoint's state has a malformed sliced variable ({error!r})") from None
 
 
 def _shards(arrays: dict[str, Any]) -> list[dict[str, Any]]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from ktrainer.checkpoint.slices import SavedSlices
 from ktrainer.compat.tensorflow_parts import bfloat16_view
 
 __all__ = ["keyed", "read_value", "start_host_copies", "mismatches", "assign_all", "refuse_mismatches"]
@@ -98,9 +99,22 @@ def mismatches(what: str, saved: dict[str, Any], variables: Sequence[Any]) -> li
     return problems
 
 
-def assign_all(saved: dict[str, Any], variables: Sequence[Any]) -> None:
-    """Assign the saved arrays to the variables, in order (after `mismatches` found none)."""
+def assign_all(saved: dict[str, Any], variables: Sequence[Any],
+               place: Callable[[Any, SavedSlices], None] | None = None) -> None:
+    """Assign the saved arrays to the variables, in order (after `mismatches` found none).
+
+    Args:
+        saved: Key -> array, or `SavedSlices` for a variable saved sharded.
+        variables: The variables, in the saved order.
+        place: Assigns a sharded variable's slices to a variable (the engine's: each device's region read
+            alone); None: the whole array is put together and assigned.
+    """
     for array, variable in zip(saved.values(), variables, strict=True):
+        if isinstance(array, SavedSlices):
+            if place is not None:
+                place(variable, array)
+                continue
+            array = np.asarray(array)
         backing = getattr(variable, "value", None)
         same_dtype = np.dtype(getattr(variable.dtype, "name", variable.dtype)) == np.asarray(array).dtype
         if same_dtype and callable(getattr(backing, "assign", None)):

@@ -16,6 +16,9 @@
 - `Optimizer._learning_rate`: the learning rate as it was set (a schedule, a callable or a variable);
   the public `learning_rate` evaluates a schedule. `learning_rate_as_set` is the one reader.
 - `KerasTensor._keras_history`: which layer made a symbolic tensor; `producing_layer_name` is the one reader.
+- `Variable._layout`: the layout a variable was created with under a distribution (an optimizer moment takes
+  its variable's); `variable_layout` is the one reader.
+- `ModelParallel._layout_map`: the LayoutMap a user's ModelParallel was made with; `layout_map_of` is the one reader.
 
 A Keras release that moved or renamed one fails the import with a message naming it, rather
 than training with silently different numbers.
@@ -40,7 +43,8 @@ except ImportError as error:  # pragma: no cover - depends on the installed Kera
                       "install a Keras release ktrainer supports (see pyproject.toml).") from error
 
 __all__ = ["unscaled_losses", "with_unscaled_losses", "keras_seed_state", "tensorflow_left_alone", "flat_layers",
-           "learning_rate_as_set", "producing_layer_name"]
+           "learning_rate_as_set", "producing_layer_name", "variable_layout",
+           "layout_map_of"]
 
 
 def _check() -> None:
@@ -145,3 +149,13 @@ def learning_rate_as_set(optimizer: Any) -> Any:
 def producing_layer_name(tensor: Any) -> str | None:
     """The name of the layer whose call made the symbolic `tensor` (a functional model's output), or None."""
     return getattr(getattr(getattr(tensor, "_keras_history", None), "operation", None), "name", None)
+
+
+def variable_layout(variable: Any) -> Any:
+    """The `TensorLayout` a Keras variable was created with (None: no distribution placed it)."""
+    return getattr(variable, "_layout", None)
+
+
+def layout_map_of(distribution: Any) -> Any:
+    """The `LayoutMap` of a `keras.distribution.ModelParallel` (None for any other distribution, or None)."""
+    return getattr(distribution, "_layout_map", None)

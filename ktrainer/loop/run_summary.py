@@ -29,7 +29,8 @@ def _count(variables: list) -> int:
 
 def _batch_line(trainer: Trainer, train: Any) -> str:
     replicas = trainer.num_replicas
-    line = f"{trainer.batch_size} per device x {replicas} replica{'s' if replicas != 1 else ''} = " \
+    each = "per device" if trainer.engine.device_count == replicas else "per replica"
+    line = f"{trainer.batch_size} {each} x {replicas} replica{'s' if replicas != 1 else ''} = " \
            f"{trainer.global_batch_size} global"
     if trainer.accumulate_grad_batches > 1:
         line += f", x {trainer.accumulate_grad_batches} accumulated per optimizer step"
@@ -64,6 +65,29 @@ def _stops_at(trainer: Trainer) -> str:
     return " or ".join(limits)
 
 
+def _size(count: int) -> str:
+    """Bytes in the unit that reads best: "812 B", "49.4 KiB", "1.25 GiB"."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.{1 if unit == 'KiB' else 2}f} {unit}"
+    return f"{count} B"
+
+
+def _sharding_rows(trainer: Trainer, module: Module) -> list[tuple[str, str]]:
+    """A sharded run's table: the weights and optimizer state one device holds, against every device holding all."""
+    held = trainer.engine.state_bytes(module, trainer.optimizers or [])
+    if held is None:
+        return []
+    device, replicated = (sum(pair[i] for pair in held.values()) for i in (0, 1))
+    share = f"{device / replicated:.0%}" if replicated else "-"
+
+    def line(index: int, total: int) -> str:
+        return ", ".join(f"{name} {_size(pair[index])}" for name, pair in held.items()) + \
+            f", total {_size(total)}"
+
+    return [("per device", line(0, device) + f" ({share} of replicated)"), ("replicated", line(1, replicated))]
+
+
 def fit_summary(trainer: Trainer, module: Module, train: Any, val: Any, resumed: Any) -> str:
     """The block logged at the start of fit (after building and resuming, before the first step)."""
     model = module.model
@@ -73,8 +97,10 @@ def fit_summary(trainer: Trainer, module: Module, train: Any, val: Any, resumed:
         ("model", f"{type(module).__name__}: {model.name}, {total:,} parameters ({trainable:,} trainable)"),
         ("precision", summarize(precision_report(model), precision.name, precision.policy)
          + (", dynamic loss scaling" if precision.loss_scaling else "")),
-        ("devices", f"{trainer.num_replicas} x {trainer.plan.accelerator}, strategy {trainer.engine.strategy_name()}"
+        ("devices", f"{trainer.engine.device_count} x {trainer.plan.accelerator}, strategy "
+                    f"{trainer.engine.strategy_name()}"
                     + (f", {trainer.plan.num_nodes} nodes" if trainer.plan.num_nodes > 1 else "")),
+        *_sharding_rows(trainer, module),
         ("batch", _batch_line(trainer, train)),
         ("learning rate", _rate_line(trainer)),
         ("data", _data_line(train, val, trainer.num_training_batches)),

@@ -1,4 +1,4 @@
-"""The Trainer's 28 keyword arguments, each checked before anything is built or written.
+"""The Trainer's 30 keyword arguments, each checked before anything is built or written.
 
 `check_trainer_arguments` turns what the user passed into `TrainerSettings`: every value checked (each error
 says what was wrong, what is expected and how to fix it), the defaults applied (`max_epochs=1000` when no
@@ -72,7 +72,7 @@ class TrainerSettings:
 
 def check_trainer_arguments(*, max_epochs: int | None, max_steps: int | None, batch_size: int, precision: Any,
                             float32_layers: Sequence[type | str] | None, accelerator: str, devices: Any,
-                            strategy: Any, num_nodes: int, lr_scaling: str | None,
+                            strategy: Any, mesh: Any, fsdp_min_bytes: int, num_nodes: int, lr_scaling: str | None,
                             limit_train_batches: int | float | None, limit_val_batches: int | float | None,
                             val_check_interval: int | float | None, check_val_every_n_epoch: int | None,
                             log_every_n_steps: int, gradient_clip_val: float | None, accumulate_grad_batches: int,
@@ -94,7 +94,8 @@ def check_trainer_arguments(*, max_epochs: int | None, max_steps: int | None, ba
         precision=resolve_precision(precision),
         float32_layers=_float32_layers(float32_layers),
         lr_scaling=check_choice("lr_scaling", lr_scaling, LR_SCALINGS),
-        plan=plan_devices(accelerator, devices, strategy, num_nodes),
+        plan=plan_devices(accelerator, devices, strategy, num_nodes, mesh,
+                          check_int("fsdp_min_bytes", fsdp_min_bytes, minimum=0)),
         limit_train_batches=optional(check_count_or_fraction, "limit_train_batches", limit_train_batches),
         limit_val_batches=optional(check_count_or_fraction, "limit_val_batches", limit_val_batches,
                                    allow_zero=True),

@@ -47,6 +47,7 @@ def build_model(module: Any, precision: Any, float32_layers: list, engine: Any) 
     """
     check_layers_created_in_build(module)
     keras.config.set_dtype_policy(precision.policy)
+    engine.distribute(module)
     with engine.scope():
         if module.model is None:
             with float32_at_construction(float32_layers) as matched:

@@ -63,8 +63,8 @@ def load_trainer_state_dict(trainer: Trainer, module: Module, train_step: Any, s
     if trainer.is_global_zero:
         check_keys("loggers", saved["loggers"], components["loggers"])
 
-    assign_all(state["model"], module.model.variables)
-    assign_all(state["optimizer"], optimizer_variables(trainer.optimizers))
+    assign_all(state["model"], module.model.variables, trainer.engine.place_slices)
+    assign_all(state["optimizer"], optimizer_variables(trainer.optimizers), trainer.engine.place_slices)
     train_step.load_state_dict(state.get("accumulation", {}))
     trainer.progress.load_state_dict(progress)
     for section, present in components.items():

@@ -56,7 +56,13 @@ class Trainer(StateMethods):
         accelerator: "auto" (TPU if present, else GPU, else CPU), "cpu", "gpu" or "tpu".
         devices: "auto" (every GPU, else one CPU), a count, or a list of device indices. On a machine without GPUs,
             `devices=N` splits the CPU into N logical devices.
-        strategy: "auto", "one_device", "mirrored", "multi_worker", "tpu", or a tf.distribute.Strategy.
+        strategy: "auto", "one_device", "mirrored", "multi_worker", "tpu", or a tf.distribute.Strategy; on JAX
+            also "data_parallel", "fsdp" (each large variable sharded over the devices), "model_parallel" (the
+            layouts of `Module.configure_layout`), or a keras.distribution.ModelParallel / DataParallel.
+        mesh: The device mesh of "fsdp"/"model_parallel" (JAX): axis name -> size, e.g. `{"batch": 2, "model": 4}`,
+            or a keras.distribution.DeviceMesh; None: "fsdp" puts every device on one "batch" axis. The global batch
+            is `batch_size` x the "batch" axis's size.
+        fsdp_min_bytes: Under "fsdp", variables of at least this many bytes are sharded, smaller ones replicated.
         num_nodes: Worker processes; more than 1 (or a TF_CONFIG cluster) uses MultiWorkerMirroredStrategy.
         lr_scaling: None (never change the learning rate), "sqrt" or "linear": scale the rate written for one replica by
             the square root of, or by, the number of replicas.
@@ -106,6 +112,8 @@ class Trainer(StateMethods):
         accelerator: str = "auto",
         devices: Any = "auto",
         strategy: Any = "auto",
+        mesh: Any = None,
+        fsdp_min_bytes: int = 2**20,
         num_nodes: int = 1,
         lr_scaling: str | None = None,
         limit_train_batches: int | float | None = None,

@@ -3,7 +3,8 @@
     python leg_run.py JSON_ARGUMENTS
 
 Arguments (JSON): root, max_steps or max_epochs, ckpt (None or "last" or a URL), precision, devices,
-batch_size, steps_per_execution, accumulate, clip, initial_scale, storage_options, logger, seed, width.
+batch_size, steps_per_execution, accumulate, clip, initial_scale, storage_options, logger, seed, width, strategy
+(e.g. "fsdp"), fsdp_min_bytes.
 Prints one JSON line: the (step, loss) pairs trained, the weights after each batch as a user's
 callback saw them (the last one), the final weights, step, epoch, skipped steps, loss scale, backend.
 """
@@ -73,6 +74,7 @@ def leg(args: dict) -> dict:
     trainer = kt.Trainer(
         max_steps=args.get("max_steps"), max_epochs=args.get("max_epochs"), batch_size=args.get("batch_size", 8),
         precision=precision, devices=args.get("devices", 1), seed=args.get("seed", 0),
+        strategy=args.get("strategy", "auto"), fsdp_min_bytes=args.get("fsdp_min_bytes", 2**20),
         steps_per_execution=args.get("steps_per_execution", 1), accumulate_grad_batches=args.get("accumulate", 1),
         gradient_clip_val=args.get("clip"), default_root_dir=args["root"], callbacks=[record],
         storage_options=args.get("storage_options"), logger=args.get("logger", False), enable_progress_bar=False,

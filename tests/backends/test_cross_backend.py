@@ -31,9 +31,16 @@ def test_a_tensorflow_checkpoint_resumes_on_jax_as_if_it_had_stayed(tmp_path):
 
 
 def test_a_jax_checkpoint_resumes_on_tensorflow_as_if_it_had_stayed(tmp_path):
-    stayed, first = jax_legs([{"root": str(tmp_path / "stayed"), "max_epochs": 2},
-                              {"root": str(tmp_path / "moved"), "max_steps": 10}], tmp_path)
+    stayed, first, _ = jax_legs([{"root": str(tmp_path / "stayed"), "max_epochs": 2},
+                                 {"root": str(tmp_path / "moved"), "max_steps": 10},
+                                 {"root": str(tmp_path / "sharded"), "max_steps": 10, "strategy": "fsdp", "devices": 4,
+                                  "batch_size": 2, "fsdp_min_bytes": 0}], tmp_path)
     moved = leg({"root": str(tmp_path / "moved"), "max_epochs": 2, "ckpt": "last"})
+    # Saved sharded over 4 devices (each variable as its slices), resumed unsharded on TensorFlow.
+    unsharded = leg({"root": str(tmp_path / "sharded"), "max_epochs": 2, "ckpt": "last"})
+    assert "__sliced__" in next((tmp_path / "sharded" / "checkpoints" / "step-00000010").glob("trainer.*")).read_text()
+    assert unsharded["step"] == 24 and unsharded["losses"][0][0] == 11
+    assert max_difference(unsharded["weights"], stayed["weights"]) < 1e-5
     assert first["step"] == 10 and moved["step"] == stayed["step"] == 24
     assert moved["backend"] == "tensorflow" and moved["losses"][0][0] == 11
     assert max_difference(moved["weights"], stayed["weights"]) < 1e-5

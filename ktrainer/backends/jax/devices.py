@@ -20,12 +20,13 @@ import keras
 
 from ktrainer.backends.device_arguments import check_device_arguments, check_one_device, chosen_indices
 from ktrainer.backends.device_list import requested_indices
+from ktrainer.backends.jax.mesh import DEFAULT_FSDP_MIN_BYTES, SHARDED, MeshPlan, backend_mesh, check_mesh
 
 __all__ = ["JaxDevicePlan", "plan_devices", "joins_processes", "COORDINATOR", "NUM_PROCESSES", "PROCESS_ID"]
 
 log = logging.getLogger("ktrainer")
 
-STRATEGIES = ("auto", "one_device", "data_parallel", "mirrored", "multi_worker")
+STRATEGIES = ("auto", "one_device", "data_parallel", "mirrored", "multi_worker", *SHARDED)
 # Keras's own names (keras.distribution.initialize reads them); `ktrainer launch` sets them.
 COORDINATOR = "KERAS_DISTRIBUTION_JOB_ADDRESSES"  # host:port of process 0
 NUM_PROCESSES = "KERAS_DISTRIBUTION_NUM_PROCESSES"
@@ -39,14 +40,16 @@ class JaxDevicePlan:
     Attributes:
         accelerator: "cpu", "gpu" or "tpu".
         device_ids: Indices into `jax.local_devices()` this process uses.
-        strategy: "one_device" or "data_parallel".
+        strategy: "one_device", "data_parallel", "fsdp" or "model_parallel".
         num_nodes: Processes training together.
+        mesh: The device mesh of a sharded strategy (or of a Keras distribution given); None otherwise.
     """
 
     accelerator: str
     device_ids: tuple[int, ...]
     strategy: str
     num_nodes: int = 1
+    mesh: MeshPlan | None = None
 
     @property
     def is_chief(self) -> bool:
@@ -60,6 +63,9 @@ class JaxDevicePlan:
 
     def jax_devices(self) -> list[Any]:
         """The devices of every process (a global mesh): each process's chosen local devices."""
+        given = getattr(self.mesh, "given", None)
+        if given is not None:
+            return list(backend_mesh(getattr(given, "device_mesh", given)).devices.flat)
         if self.num_nodes == 1:
             local = jax.local_devices()
             return [local[i] for i in self.device_ids]
@@ -67,15 +73,26 @@ class JaxDevicePlan:
 
 
 def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any = "auto",
-                 num_nodes: int = 1) -> JaxDevicePlan:
+                 num_nodes: int = 1, mesh: Any = None,
+                 fsdp_min_bytes: int = DEFAULT_FSDP_MIN_BYTES) -> JaxDevicePlan:
     """Check the Trainer's device arguments against JAX's devices and return the plan.
+
+    A sharded strategy with a mesh and `devices="auto"` uses as many devices as the mesh spans (virtual ones
+    on a CPU); `devices=N` must give the mesh exactly its devices.
 
     Raises:
         ValueError: For values that are wrong, conflict, or ask for devices that are not there
-            (naming what is visible), or several nodes without a coordinator.
+            (naming what is visible), a mesh that does not fit the devices, or several nodes without a
+            coordinator.
     """
+    sharded = check_mesh(strategy, mesh, fsdp_min_bytes)
+    if sharded is not None and sharded.given is not None:
+        return _given_mesh_plan(accelerator, devices, num_nodes, sharded)
     check_device_arguments(accelerator, strategy, num_nodes, STRATEGIES, _refuse_strategy_object)
     requested = requested_indices(devices)  # checked before JAX starts
+    if sharded is not None and sharded.axes and requested is None and devices == "auto" \
+            and accelerator in ("auto", "cpu") and num_nodes == 1:
+        requested = list(range(sharded.device_count))  # on a machine with GPUs, the GPUs are counted below
     count = None if requested is None else max(requested) + 1
     together = joins_processes(num_nodes, strategy, os.environ)
     if together and strategy == "one_device":
@@ -96,8 +113,42 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
     indices = _device_indices(requested, devices, accelerator, len(local))
     check_one_device(strategy, devices, len(indices), "data_parallel")
     processes = max(num_nodes, jax.process_count())
+    if sharded is not None and processes > 1:
+        raise ValueError(f"strategy={sharded.strategy!r} over {processes} processes is not supported yet: each "
+                         "process would have to write the slices its devices own, which ktrainer does not do yet "
+                         "(docs/distributed.md, 'Models bigger than one device'). Shard over the devices of one "
+                         "process, or train data parallel across processes.")
+    if sharded is not None:
+        sharded = _fitted_mesh(sharded.with_devices(len(indices) * processes), len(indices) * processes, devices)
+        return JaxDevicePlan(accelerator, tuple(indices), sharded.strategy, processes, sharded)
     several = len(indices) > 1 or processes > 1
     return JaxDevicePlan(accelerator, tuple(indices), "data_parallel" if several else "one_device", processes)
+
+
+def _fitted_mesh(sharded: MeshPlan, count: int, devices: Any) -> MeshPlan:
+    """The mesh, checked to span exactly the `count` devices of the run.
+
+    Raises:
+        ValueError: Naming the mesh, its device count and the devices the run has.
+    """
+    if sharded.device_count != count:
+        raise ValueError(f"mesh {sharded.describe()} spans {sharded.device_count} devices, but the run has {count} "
+                         f"(devices={devices!r}). Make the product of the axis sizes equal the devices of all "
+                         f"processes, or leave devices='auto' to use as many as the mesh spans.")
+    return sharded
+
+
+def _given_mesh_plan(accelerator: str, devices: Any, num_nodes: int, sharded: MeshPlan) -> JaxDevicePlan:
+    """The plan of a Keras DeviceMesh or distribution the user made: its own devices, as they are."""
+    check_device_arguments(accelerator, "auto", num_nodes, STRATEGIES, _refuse_strategy_object)
+    if devices != "auto":
+        raise ValueError(f"devices={devices!r} conflicts with the Keras device mesh given, which names its devices "
+                         "itself. Leave devices='auto'.")
+    mesh_devices = list(backend_mesh(getattr(sharded.given, "device_mesh", sharded.given)).devices.flat)
+    platform = mesh_devices[0].platform
+    local = [d for d in mesh_devices if d.process_index == jax.process_index()]
+    ids = tuple(jax.local_devices(backend=platform).index(d) for d in local)
+    return JaxDevicePlan(platform, ids, sharded.strategy, max(num_nodes, jax.process_count()), sharded)
 
 
 def joins_processes(num_nodes: int, strategy: str, environ: Mapping[str, str]) -> bool:
@@ -113,14 +164,15 @@ def joins_processes(num_nodes: int, strategy: str, environ: Mapping[str, str]) -
 
 
 def _refuse_strategy_object(strategy: Any) -> bool:
-    """False for a strategy name (checked next); JAX takes no strategy object.
+    """False for a strategy name (checked next); a Keras distribution object was taken before (`check_mesh`).
 
     Raises:
         ValueError: For anything but a string, naming the JAX strategies and the TensorFlow backend.
     """
     if not isinstance(strategy, str):
-        raise ValueError(f"strategy={strategy!r}: on the JAX backend the strategy is one of {STRATEGIES}; a "
-                         "tf.distribute.Strategy object needs KERAS_BACKEND=tensorflow.")
+        raise ValueError(f"strategy={strategy!r}: on the JAX backend the strategy is one of {STRATEGIES} or a "
+                         "keras.distribution.ModelParallel / DataParallel; a tf.distribute.Strategy object needs "
+                         "KERAS_BACKEND=tensorflow.")
     return False
 
 

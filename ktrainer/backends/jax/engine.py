@@ -24,8 +24,12 @@ from ktrainer.backends.accelerators import Accelerators
 from ktrainer.backends.engine import Engine, InFlight, Runner
 from ktrainer.backends.jax.cpu_float16 import check_float16_lowers_on_cpu
 from ktrainer.backends.jax.flops import matmul_flops
+from ktrainer.backends.jax.layouts import CheckedLayouts, layouts_of
+from ktrainer.backends.jax.mesh import backend_mesh
 from ktrainer.backends.jax.read_ahead import ReadAhead
+from ktrainer.backends.jax.state_bytes import most_loaded, replicated_bytes
 from ktrainer.backends.jax.train_step import JaxTrainStep, current_values, stateless_values, tracing_scope
+from ktrainer.compat.keras_internals import layout_map_of
 from ktrainer.module import module_runtime
 from ktrainer.step.hooks import call_step_hook, traced_batch_index
 from ktrainer.step.metrics import metric_objects
@@ -61,22 +65,76 @@ class JaxEngine(Engine):
     def __init__(self, plan: Any) -> None:
         super().__init__(plan)
         self.strategy: keras.distribution.Distribution | None = None
+        self.device_mesh: keras.distribution.DeviceMesh | None = None
         self._mesh: jax.sharding.Mesh | None = None
+        self._batch_axis = "batch"
+        self._distributed: Any = None  # the module the sharded distribution was made for
         self._step: JaxTrainStep | None = None
         self._stop_requested = False
         self._clock_seconds = 0.0  # this process's clock for the next execution (the chief's is agreed on)
 
     def start(self) -> None:
-        """Make the distribution over the plan's devices (once)."""
+        """Make the distribution over the plan's devices (once); a sharded one waits for the module
+        (`distribute`), whose `configure_layout` it needs."""
         if self._mesh is not None:
             return
         devices = self.plan.jax_devices()
-        self._mesh = jax.sharding.Mesh(np.array(devices), ("batch",))
-        if len(devices) > 1:
-            self.strategy = keras.distribution.DataParallel(devices=devices)
+        sharded = self.plan.mesh
+        if sharded is None:
+            self._mesh = jax.sharding.Mesh(np.array(devices), ("batch",))
+            if len(devices) > 1 or devices[0] != jax.local_devices()[0]:  # devices=[k]: the state is made on k
+                self.strategy = keras.distribution.DataParallel(devices=devices)
+            return
+        given = sharded.given
+        self.device_mesh = getattr(given, "device_mesh", given) or keras.distribution.DeviceMesh(
+            tuple(size for _, size in sharded.axes), tuple(name for name, _ in sharded.axes), devices)
+        self._mesh = backend_mesh(self.device_mesh)
+        self._batch_axis = sharded.batch_axis
+        if isinstance(given, keras.distribution.DataParallel):
+            self.strategy = given
+
+    def distribute(self, module: Any) -> None:
+        """Set a sharded run's layouts for `module` (its `configure_layout`, the "fsdp" rule) before it is built.
+
+        Raises:
+            TypeError, ValueError: For a layout that is not one, or names an axis the mesh does not have.
+        """
+        sharded = self.plan.mesh
+        if sharded is None or sharded.strategy == "data_parallel" or self._distributed is module:
+            return
+        hook = f"{type(module).__name__}.configure_layout(mesh)"
+        layouts = layouts_of(layout_map_of(sharded.given), self.device_mesh, "the ModelParallel given")
+        layouts.update(layouts_of(module.configure_layout(self.device_mesh), self.device_mesh, hook))
+        fsdp = sharded.strategy == "fsdp"
+        self.strategy = CheckedLayouts(self.device_mesh, layouts, batch_dim_name=self._batch_axis,
+                                       fsdp_axis=self._batch_axis if fsdp else None,
+                                       fsdp_min_bytes=sharded.fsdp_min_bytes)
+        self._distributed = module
+
+    def check_layouts(self, module: Any) -> None:
+        """Refuse layout keys that matched no variable of the built model (a typo would silently replicate).
+
+        Raises:
+            ValueError: Naming each key and some of the variables' paths.
+        """
+        if not isinstance(self.strategy, CheckedLayouts):
+            return
+        unmatched = self.strategy.unmatched()
+        if unmatched:
+            paths = [v.path for v in module.model.variables][:6]
+            raise ValueError(f"{type(module).__name__}.configure_layout: the layout key(s) {unmatched} match no "
+                             f"variable (the regex must match the whole variable.path, e.g. {paths}). Fix or remove "
+                             "them; nothing was trained or written.")
 
     @functools.cached_property
     def replicas(self) -> int:
+        """Data-parallel replicas: the devices of every process, or a sharded mesh's batch axis."""
+        if self.plan.mesh is not None:
+            return self.plan.mesh.data_replicas
+        return len(self.plan.jax_devices())
+
+    @functools.cached_property
+    def device_count(self) -> int:
         """Devices of every process."""
         return len(self.plan.jax_devices())
 
@@ -85,8 +143,20 @@ class JaxEngine(Engine):
         return self.plan.jax_devices()[0]  # its platform decides how a one-device run's batches are placed
 
     def strategy_name(self) -> str:
-        """"data_parallel" (keras.distribution.DataParallel) or "one_device"."""
-        return self.plan.strategy
+        """"data_parallel" (keras.distribution.DataParallel), "one_device", "fsdp" or "model_parallel", with the
+        mesh of a sharded run (e.g. "fsdp, mesh batch=8")."""
+        if self.plan.mesh is None:
+            return self.plan.strategy
+        return f"{self.plan.strategy}, mesh {self.plan.mesh.describe()}"
+
+    def state_bytes(self, module: Any, optimizers: list) -> dict[str, tuple[int, int]] | None:
+        """Of a sharded run: {"weights"/"optimizer": (bytes on this process's most loaded device, bytes replicated)},
+        read from the arrays' shardings; None for a replicated run."""
+        if self.plan.mesh is None or module.model is None:
+            return None
+        slots = [v for optimizer in optimizers for v in optimizer.variables]
+        parts = {"weights": list(module.model.variables), "optimizer": slots}
+        return {name: (most_loaded(arrays), replicated_bytes(arrays)) for name, arrays in parts.items()}
 
     def scope(self) -> contextlib.AbstractContextManager:
         """The distribution's scope: variables created in it are replicated over the devices."""
@@ -116,7 +186,7 @@ class JaxEngine(Engine):
 
     def place(self, batch: Any, *, stacked: bool = False) -> Any:
         """Put a global batch (or N stacked ones) on the mesh, split along the batch when it divides evenly."""
-        if self.replicas == 1:
+        if self.device_count == 1:
             # A CPU takes numpy as it is (its fastest path); an accelerator gets the copy now (to the default
             # device, where the state lives, as a numpy argument would), so a batch read ahead is there in time.
             return batch if self._one_device.platform == "cpu" else jax.device_put(batch)
@@ -127,6 +197,8 @@ class JaxEngine(Engine):
         def put(array: np.ndarray) -> Any:
             if processes == 1:
                 return jax.device_put(array, sharding)
+            if self.plan.mesh is not None:  # each process has the whole global batch: each device takes its slice
+                return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
             if not even:
                 return jax.make_array_from_process_local_data(sharding, array)
             share = size // processes
@@ -156,6 +228,7 @@ class JaxEngine(Engine):
                                         step.precision.compute_dtype, step.precision.name)
         with self.scope():
             step.build()
+        self.check_layouts(step.module)
         step.keys = step.output_keys(list(logs))
         return step.keys + ([STOP, CLOCK] if self.multi_process else [])
 
@@ -202,6 +275,16 @@ class JaxEngine(Engine):
             return int(stats["peak_bytes_in_use"]), f"{gpus[0].device_kind} allocator peak"
         return super().peak_memory()
 
+    def pinned_outputs(self, step: JaxTrainStep) -> dict[str, Any]:
+        """For a sharded run, the jit argument that keeps the state's layouts: each output of the step takes its
+        input's sharding (left to XLA, a weight could come back laid out otherwise, and each call would then
+        compile again and move it); the outputs vector is replicated. Empty for a replicated run."""
+        if self.plan.mesh is None:
+            return {}
+        big, small = step.read_state()
+        keep = jax.tree.map(lambda array: array.sharding, (big, small))
+        return {"out_shardings": (*keep, NamedSharding(self._mesh, PartitionSpec()))}
+
     def place_spec(self, spec: Any) -> Any:
         """Shape specs of a global batch, with the sharding `place` gives it."""
         def sharded(each: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
@@ -210,8 +293,9 @@ class JaxEngine(Engine):
 
     def _batch_sharding(self, size: int, stacked: bool = False) -> tuple[NamedSharding, bool]:
         """Split along the batch when `size` divides evenly over the devices, else whole on every device."""
-        even = size % self.replicas == 0
-        spec = (PartitionSpec(None, "batch") if stacked else PartitionSpec("batch")) if even else PartitionSpec()
+        axis = self._batch_axis if self._batch_axis in self._mesh.axis_names else None
+        even = axis is not None and size % self.replicas == 0
+        spec = (PartitionSpec(None, axis) if stacked else PartitionSpec(axis)) if even else PartitionSpec()
         return NamedSharding(self._mesh, spec), even
 
     # ----- state -------------------------------------------------------------------------------
@@ -220,6 +304,17 @@ class JaxEngine(Engine):
         """Write the live training state into the Keras variables."""
         if self._step is not None:
             self._step.write_big()
+
+    def place_slices(self, variable: Any, saved: Any) -> None:
+        """Assign a variable saved sharded: each device of `variable`'s layout gets its region, read from the saved
+        slices that overlap it (the whole array is never put together when the variable is sharded too)."""
+        sharding = getattr(variable.value, "sharding", None)
+        if sharding is None or sharding.is_fully_replicated:
+            variable.assign(np.asarray(saved))
+            return
+        dtype = np.dtype(getattr(variable.dtype, "name", variable.dtype))
+        variable.assign(jax.make_array_from_callback(tuple(variable.shape), sharding,
+                                                     lambda index: saved.region(index).astype(dtype, copy=False)))
 
     def reload(self) -> None:
         """Drop the live state: the next step reads the (just assigned) variables."""
@@ -245,8 +340,9 @@ class _TrainRunner(Runner):
         self.engine = engine
         self.step = step
         self.keys = keys
-        self._single = jax.jit(step, donate_argnums=0)
-        self._scanned = jax.jit(self._scan, donate_argnums=0)
+        pinned = engine.pinned_outputs(step)
+        self._single = jax.jit(step, donate_argnums=0, **pinned)
+        self._scanned = jax.jit(self._scan, donate_argnums=0, **pinned)
         self._ahead = ReadAhead(self._prepare)
         self._live_small: tuple | None = None
         self._in_flight = 0

@@ -16,6 +16,7 @@ from typing import Any
 import jax.numpy as jnp
 import keras
 
+from ktrainer.compat.keras_internals import variable_layout
 from ktrainer.precision.loss_scale import all_finite
 from ktrainer.step.accumulation import PartialGroup
 
@@ -50,7 +51,8 @@ class JaxUpdateRule(PartialGroup):
         self.optimizer_variables = list(self.inner.variables)
         self.scale_variables = list(self.loss_scale.variables) if self.loss_scale.scaling else []
         if self.accumulate > 1:
-            self.sums = [keras.Variable(keras.ops.zeros(v.shape, "float32"), trainable=False, name="accumulated")
+            self.sums = [keras.Variable(keras.ops.zeros(v.shape, "float32"), trainable=False, name="accumulated",
+                                        layout=variable_layout(v))  # sharded as its variable
                          for v in self.variables]
             self.count = keras.Variable(0, dtype="int32", trainable=False, name="accumulated_batches")
 

@@ -76,7 +76,7 @@ def _cluster() -> dict:
 
 
 def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any = "auto",
-                 num_nodes: int = 1) -> DevicePlan:
+                 num_nodes: int = 1, mesh: Any = None, fsdp_min_bytes: int = 0) -> DevicePlan:
     """Check the Trainer's device arguments against the machine and return the plan.
 
     With `devices=N` and no GPU, the CPU is split into N logical devices (this must happen
@@ -86,6 +86,7 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
         ValueError: For values that are wrong, conflict with each other, or ask for more devices
             than are visible (the message names what is visible).
     """
+    refuse_sharding(strategy, mesh)
     if check_device_arguments(accelerator, strategy, num_nodes, STRATEGIES, _is_strategy_object):
         return DevicePlan("custom", (), "custom", num_nodes, custom=strategy)
     multi_worker = strategy == "multi_worker" or num_nodes > 1 or (strategy == "auto" and "TF_CONFIG" in os.environ
@@ -136,6 +137,23 @@ def check_cluster_description(num_nodes: int) -> None:
     if num_nodes > 1 and len(tasks) != num_nodes:
         raise ValueError(f"num_nodes={num_nodes}, but TF_CONFIG describes a cluster of {len(tasks)} tasks. Make them "
                          "agree (or leave num_nodes=1 and let TF_CONFIG decide).")
+
+
+def refuse_sharding(strategy: Any, mesh: Any) -> None:
+    """Sharded strategies and meshes are the JAX engine's (see docs/distributed.md, "Models bigger than one device").
+
+    Raises:
+        ValueError: For strategy "fsdp" or "model_parallel", a Keras distribution object, or a mesh, naming
+            KERAS_BACKEND=jax as the way.
+    """
+    named = strategy if isinstance(strategy, str) else type(strategy).__name__
+    keras_distribution = type(strategy).__module__.startswith("keras")
+    if strategy in ("fsdp", "model_parallel") or keras_distribution or mesh is not None:
+        what = f"strategy={named!r}" if mesh is None else f"mesh={mesh!r}"
+        raise ValueError(f"{what} shards the variables over a device mesh, which ktrainer does on the JAX backend "
+                         "only: Keras's TensorFlow backend has no layout for its variables. Run with "
+                         "KERAS_BACKEND=jax (the same Module works), or use strategy='auto'/'mirrored' to replicate "
+                         "the model on every device.")
 
 
 def _cluster_tasks() -> list:

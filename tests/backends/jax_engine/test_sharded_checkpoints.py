@@ -1,0 +1,67 @@
+"""Sharded checkpoints: a run on a (2, 4) mesh saves each distinct slice of each variable once, never the gathered
+whole, and resumes exactly on a (4, 2) mesh, on (1, 8), under "fsdp" and on one device: the weights after the
+resume equal those of a run that never stopped.
+
+Runs in the JAX session (8 virtual CPU devices).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ktrainer.checkpoint.slices import SLICED
+from tests.backends.jax_engine.sharded_block import GLOBAL_BATCH, MODEL_LAYOUT, TransformerBlock, fit
+
+pytestmark = pytest.mark.jax_only
+
+MESHES = {"(4, 2)": {"strategy": "model_parallel", "mesh": {"batch": 4, "model": 2}, "batch_size": GLOBAL_BATCH // 4},
+          "(1, 8)": {"strategy": "model_parallel", "mesh": {"batch": 1, "model": 8}, "batch_size": GLOBAL_BATCH},
+          "fsdp on 8": {"strategy": "fsdp", "devices": 8, "batch_size": GLOBAL_BATCH // 8, "fsdp_min_bytes": 0},
+          "one device": {"devices": 1, "batch_size": GLOBAL_BATCH}}
+
+
+def _weights(module) -> list[np.ndarray]:
+    return [np.asarray(v.value) for v in module.model.variables]
+
+
+@pytest.fixture(scope="module")
+def saved_on_2_by_4(tmp_path_factory):
+    """A run on mesh (2, 4) saved at step 2 (its first epoch's end), and the weights of the same run straight to 4."""
+    root = tmp_path_factory.mktemp("sharded")
+    straight = TransformerBlock(MODEL_LAYOUT)
+    fit(straight, root / "straight", steps=4, strategy="model_parallel", mesh={"batch": 2, "model": 4},
+        batch_size=GLOBAL_BATCH // 2)
+    fit(TransformerBlock(MODEL_LAYOUT), root / "run", steps=2, strategy="model_parallel",
+        mesh={"batch": 2, "model": 4}, batch_size=GLOBAL_BATCH // 2, enable_checkpointing=True)
+    return root / "run" / "checkpoints" / "step-00000002", _weights(straight)
+
+
+def test_each_distinct_slice_is_written_once_with_its_place_in_the_whole(saved_on_2_by_4):
+    checkpoint, _ = saved_on_2_by_4
+    (state_file,) = checkpoint.glob("trainer.*.json")
+    state = json.loads(state_file.read_text())
+    kernel = next(value for key, value in state["model"].items() if key.endswith("up/kernel"))[SLICED]
+    assert kernel["shape"] == [32, 64] and kernel["dtype"] == "float32"
+    # Split 4 ways over "model" and replicated over "batch": 4 slices, not 8, each 16 columns wide.
+    assert [part[2] for part in kernel["parts"]] == [[[0, 32], [c, c + 16]] for c in range(0, 64, 16)]
+    moment = next(value for key, value in state["optimizer"].items() if key.endswith("up_kernel_momentum"))
+    assert len(moment[SLICED]["parts"]) == 4  # Adam's moments are saved as sharded as their variable
+    gamma = next(value for key, value in state["model"].items() if key.endswith("ln/gamma"))
+    assert "__tensor__" in gamma  # a replicated variable is saved whole, once
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert {entry["name"] for entry in manifest["files"]} == {p.name for p in checkpoint.iterdir()} - {"manifest.json"}
+
+
+@pytest.mark.parametrize("target", list(MESHES))
+def test_a_checkpoint_of_a_2_by_4_mesh_resumes_exactly_on_another(saved_on_2_by_4, target, tmp_path):
+    checkpoint, straight = saved_on_2_by_4
+    module = TransformerBlock(MODEL_LAYOUT if MESHES[target].get("strategy") == "model_parallel" else None)
+    _, trainer = fit(module, tmp_path, steps=4, ckpt_path=str(checkpoint), enable_checkpointing=True,
+                     **MESHES[target])
+    assert trainer.global_step == 4
+    assert (tmp_path / "checkpoints" / "step-00000004" / "manifest.json").exists()  # it saves on its own mesh
+    for resumed, stayed in zip(_weights(module), straight, strict=True):
+        np.testing.assert_allclose(resumed, stayed, atol=1e-6, rtol=0)
