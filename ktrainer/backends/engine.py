@@ -89,6 +89,20 @@ class Engine:
         raise NotImplementedError
 
     @property
+    def shards_state(self) -> bool:
+        """True when the variables are split over the devices (each process then saves its own slices)."""
+        return False
+
+    @property
+    def process_index(self) -> int:
+        """This process's number among those training together (0: the chief)."""
+        return 0
+
+    def gather_json(self, value: Any) -> list[Any]:
+        """`value` (JSON-able) of every process, in process order: an all-process collective (each calls it)."""
+        return [value]
+
+    @property
     def device_count(self) -> int:
         """Devices of every process (more than `replicas` where a mesh splits each replica's model)."""
         return self.replicas

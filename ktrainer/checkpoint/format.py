@@ -1,6 +1,8 @@
 """The checkpoint format: directory and file names, and the manifest, parsed strictly.
 
 One checkpoint is one directory `step-00001200/` holding its data files and `manifest.json`.
+With several processes and sharded variables, process p > 0 writes its own slices to
+`model-00000-p0000<p>.<save>.tensors` and the chief lists them in the manifest.
 Every data file carries the id of the save that wrote it (`model-00000.3f9c0a1b7d2e-4.tensors`,
 `trainer.3f9c0a1b7d2e-4.json`): a new save of the same name writes new files and never touches
 the ones the current manifest lists. The manifest, written last and whole, is the commit point:
@@ -34,7 +36,7 @@ SELF_CHECKSUM = "manifest_crc32c"
 _NAME = re.compile(r"step-([0-9]{8,})")
 _SAVE_ID = r"(?P<run>[0-9a-f]{12})-[0-9]{1,9}"
 _OWN_FILES = (
-    re.compile(rf"[a-z_]+-[0-9]{{5}}\.{_SAVE_ID}\.tensors"),
+    re.compile(rf"[a-z_]+-[0-9]{{5}}(?:-p[0-9]{{5}})?\.{_SAVE_ID}\.tensors"),
     re.compile(rf"(?:trainer|model_config)\.{_SAVE_ID}\.json"),
     re.compile(rf"{re.escape(MANIFEST)}\.{_SAVE_ID}\.tmp"),
     re.compile(rf"{re.escape(MANIFEST)}|(?:model|optimizer)-[0-9]{{5}}\.tensors|trainer\.json|model_config\.json"),
@@ -73,7 +75,8 @@ def data_file_name(base: str, save_id: str, extension: str) -> str:
     return f"{base}.{save_id}.{extension}"
 
 
-_DATA_FILE = re.compile(r"(?P<base>[a-z_]+(?:-[0-9]{5})?)(?:\.[0-9a-f]{12}-[0-9]{1,9})?\.(?P<extension>tensors|json)")
+_DATA_FILE = re.compile(r"(?P<base>[a-z_]+(?:-[0-9]{5}(?:-p[0-9]{5})?)?)(?:\.[0-9a-f]{12}-[0-9]{1,9})?"
+                        r"\.(?P<extension>tensors|json)")
 
 
 def split_data_file_name(name: str) -> tuple[str, str] | None:

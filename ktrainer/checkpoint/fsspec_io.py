@@ -24,6 +24,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -94,8 +95,28 @@ class FsspecCheckpointIO:
 
     # ----- write ----------------------------------------------------------------------------
 
+    def write_part(self, name: str, files: dict[str, bytes | FileSource]) -> list[FileEntry]:
+        """Write another process's files of checkpoint `name` (its slices), uncommitted: the chief lists them
+        in the manifest it commits (`write(..., others=...)`); until then they are leftovers, never listed.
+
+        Returns:
+            Each file's entry (name, size, checksum), for the chief's manifest.
+
+        Raises:
+            CheckpointError: When a write fails (the files written are removed).
+        """
+        directory = f"{self.root}/{name}"
+        written: list[str] = []
+        try:
+            self.fs.makedirs(directory, exist_ok=True)
+            return self._write_files(directory, files, written)
+        except Exception as error:
+            self._remove_quietly(directory, written)
+            raise _save_failed(self._url(name), error) from error
+
     def write(self, name: str, files: dict[str, bytes | FileSource], fields: dict[str, Any], *,
-              on_commit: OnCommit | None = None, not_before: float = 0.0) -> CheckpointInfo:
+              on_commit: OnCommit | None = None, not_before: float = 0.0,
+              others: Sequence[FileEntry] = ()) -> CheckpointInfo:
         """Write the files, commit the manifest, verify, clean up what the new manifest replaced.
 
         Args:
@@ -105,6 +126,7 @@ class FsspecCheckpointIO:
             on_commit: Called with the committed checkpoint.
             not_before: The commit time recorded is at least this (keeps commit order monotonic
                 when clocks step back).
+            others: The files the other processes wrote for this save (`write_part`), listed in the manifest.
 
         Raises:
             CheckpointError: When a write, the commit or the verification fails (with the
@@ -119,7 +141,7 @@ class FsspecCheckpointIO:
             replaced = self._replaced_files(name)
             created = self.location.is_local and not os.path.isdir(directory)
             self.fs.makedirs(directory, exist_ok=True)
-            entries = self._write_files(directory, files, written)
+            entries = self._write_files(directory, files, written) + list(others)
             committed = max(time.time(), not_before)
             manifest = encode_manifest({**fields, "committed": committed}, entries)
         except Exception as error:

@@ -23,6 +23,7 @@ from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
 from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
 from ktrainer.checkpoint.payload import checkpoint_payload
 from ktrainer.checkpoint.retention import Entry, Retention, to_delete
+from ktrainer.checkpoint.sharded_save import SaveTarget, save_sharded
 from ktrainer.checkpoint.snapshot import freeze
 from ktrainer.checkpoint.variables import read_value, start_host_copies
 from ktrainer.utils.fs import Location
@@ -148,6 +149,19 @@ class CheckpointManager:
         before, self.saved_position = self.saved_position, position
         undo = note() if note is not None else None
         url = f"{self.io.url}/{name}"
+        if trainer.engine.multi_process and trainer.engine.shards_state:  # every process writes its slices
+            self._on_failure = lambda: self._forget(before, undo)
+            self.wait()
+            target = SaveTarget(getattr(self.io, "inner", self.io), self.io.url,
+                                lambda: f"{trainer.run.run_id}-{next(self._save_numbers)}", self._committed,
+                                self._commit_floor)
+            try:
+                save_sharded(target, trainer, name, {**fields, "owner": self.owner})
+            except CheckpointError:
+                self._failed()
+                raise
+            self.last_saved = url
+            return url
         if not chief:  # the chief writes; every process knows what it wrote
             self.last_saved = url
             return url

@@ -61,7 +61,7 @@ def freeze(state: Any, snapshot: Callable[[Any], np.ndarray] | None = None) -> A
 
 
 def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] | None = None,
-             read: Callable[[Any], np.ndarray] | None = None) -> dict[str, Any]:
+             read: Callable[[Any], np.ndarray] | None = None, process: int = 0) -> dict[str, Any]:
     """The files of `state`: file name -> bytes, or a `TensorFile` made when it is written.
 
     Args:
@@ -69,28 +69,38 @@ def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] 
         save_id: The save's id, carried by every file name.
         extra_json: Other JSON files by base name (e.g. {"model_config": {...}}).
         read: Turns a stored value into a numpy array when its shard is written.
+        process: 0 (the chief): every file. Another process of a sharded run: only the tensor files of the
+            slices its devices own (`model-00000-p00001...`); the chief writes everything else.
 
     Raises:
         ValueError: For a section or extra file name that is not lowercase letters and "_" (or is
             the state file's), or keys that collide once made strings.
     """
     sections: dict[str, dict[str, Any]] = {}  # section -> path -> array, in the order the state holds them
+    sliced_keys: set[str] = set()  # the paths of sharded variables' slices
     tree = {}
     for section, value in state.items():
         if not _SECTION.fullmatch(section):
             raise ValueError(f"state section {section!r} must be lowercase letters and '_'")
-        tree[section] = _with_references(value, section, "", sections)
+        tree[section] = _with_references(value, section, "", sections, sliced_keys)
     files: dict[str, Any] = {}
+    suffix = f"-p{process:05d}" if process else ""
     for section, arrays in sections.items():
-        for number, shard in enumerate(_shards(arrays)):
-            files[data_file_name(f"{section}-{number:05d}", save_id, "tensors")] = TensorFile(shard, read)
+        if process:
+            arrays = {key: value for key, value in arrays.items() if key in sliced_keys}
+        for number, shard in enumerate(_shards(arrays) if arrays else []):
+            files[data_file_name(f"{section}-{number:05d}{suffix}", save_id, "tensors")] = TensorFile(shard, read)
+    if process:
+        return files
     files[data_file_name(STATE_FILE, save_id, "json")] = json.dumps(tree, sort_keys=True).encode()
     files.update(_extra_json_files(extra_json or {}, save_id))
     return files
 
 
-def _with_references(value: Any, section: str, path: str, sections: dict[str, dict[str, Any]]) -> Any:
-    """`value` (at `path` in `section`) with each array replaced by its reference, the array put in `sections`.
+def _with_references(value: Any, section: str, path: str, sections: dict[str, dict[str, Any]],
+                     sliced_keys: set[str]) -> Any:
+    """`value` (at `path` in `section`) with each array replaced by its reference, the array put in `sections`
+    (and the path of each slice of a sharded variable in `sliced_keys`).
 
     Raises:
         ValueError: For a dict whose keys collide as strings, or whose only key is the reference key.
@@ -100,11 +110,12 @@ def _with_references(value: Any, section: str, path: str, sections: dict[str, di
         if len(set(keys)) != len(keys) or keys == [_TENSOR]:
             raise ValueError(f"state {section}{path} has keys that collide as strings, or is a dict whose only "
                              f"key is {_TENSOR!r}: {sorted(keys)}")
-        return {str(k): _with_references(v, section, f"{path}/{_segment(k)}", sections) for k, v in value.items()}
+        return {str(k): _with_references(v, section, f"{path}/{_segment(k)}", sections, sliced_keys)
+                for k, v in value.items()}
     if isinstance(value, list | tuple):
         if all(isinstance(v, int | float | str | bool | None) for v in value):
             return list(value)  # the common case (a random generator's state): nothing to look into
-        return [_with_references(v, section, f"{path}/{i}", sections) for i, v in enumerate(value)]
+        return [_with_references(v, section, f"{path}/{i}", sections, sliced_keys) for i, v in enumerate(value)]
     sliced = None if isinstance(value, np.ndarray | np.generic) else sliced_of(value)
     if sliced is not None:
         parts = []
@@ -112,6 +123,7 @@ def _with_references(value: Any, section: str, path: str, sections: dict[str, di
             key = f"{path}@{number}"
             if region in sliced.parts:  # this process's slice (the others' are written by their processes)
                 sections.setdefault(section, {})[key] = sliced.parts[region]
+                sliced_keys.add(key)
             parts.append([section, key, [list(bounds) for bounds in region]])
         return {SLICED: {"shape": list(sliced.shape), "dtype": sliced.dtype, "parts": parts}}
     if is_array(value):

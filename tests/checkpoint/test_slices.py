@@ -51,6 +51,10 @@ def test_only_this_process_slices_are_written_but_every_slice_is_named():
     assert list(tensors.arrays) == ["/kernel@1"]
     with pytest.raises(ValueError, match="does not hold"):
         from_files(_bytes(files))
+    # Process 1 writes its slices only, in files of its own; the chief writes the state file and the rest.
+    state = {"model": {"kernel": mine, "bias": np.ones(3, np.float32)}, "run": {"step": 1}}
+    assert sorted(to_files(state, "b" * 12 + "-1", process=1)) == [f"model-00000-p00001.{'b' * 12}-1.tensors"]
+    assert list(to_files(state, "b" * 12 + "-1", process=1).values())[0].arrays.keys() == {"/kernel@1"}
 
 
 @pytest.mark.parametrize(("parts", "says"), [

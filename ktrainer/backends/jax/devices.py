@@ -99,10 +99,10 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
         raise ValueError(f"strategy='one_device' conflicts with several processes training together (num_nodes="
                          f"{num_nodes}, {NUM_PROCESSES}={os.environ.get(NUM_PROCESSES)}). Use strategy='data_parallel' "
                          "(or 'auto').")
+    if count is not None and count > 1 and accelerator in ("auto", "cpu"):
+        _virtual_cpus(count, devices)  # before a join too: each process's own devices
     if together:
         _join_processes(num_nodes)
-    elif count is not None and count > 1 and accelerator in ("auto", "cpu"):
-        _virtual_cpus(count, devices)
     platform = jax.default_backend()
     if accelerator == "auto":
         accelerator = platform if platform in ("gpu", "tpu") else "cpu"
@@ -113,11 +113,6 @@ def plan_devices(accelerator: str = "auto", devices: Any = "auto", strategy: Any
     indices = _device_indices(requested, devices, accelerator, len(local))
     check_one_device(strategy, devices, len(indices), "data_parallel")
     processes = max(num_nodes, jax.process_count())
-    if sharded is not None and processes > 1:
-        raise ValueError(f"strategy={sharded.strategy!r} over {processes} processes is not supported yet: each "
-                         "process would have to write the slices its devices own, which ktrainer does not do yet "
-                         "(docs/distributed.md, 'Models bigger than one device'). Shard over the devices of one "
-                         "process, or train data parallel across processes.")
     if sharded is not None:
         sharded = _fitted_mesh(sharded.with_devices(len(indices) * processes), len(indices) * processes, devices)
         return JaxDevicePlan(accelerator, tuple(indices), sharded.strategy, processes, sharded)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -132,6 +133,29 @@ class JaxEngine(Engine):
         if self.plan.mesh is not None:
             return self.plan.mesh.data_replicas
         return len(self.plan.jax_devices())
+
+    @property
+    def shards_state(self) -> bool:
+        """True under "fsdp"/"model_parallel" (a given DataParallel replicates)."""
+        return self.plan.mesh is not None and self.plan.mesh.strategy != "data_parallel"
+
+    @property
+    def process_index(self) -> int:
+        """`jax.process_index()`."""
+        return jax.process_index()
+
+    def gather_json(self, value: Any) -> list[Any]:
+        """`value` of every process (JSON through `process_allgather` of its bytes, padded to the longest)."""
+        if not self.multi_process:
+            return [value]
+        from jax.experimental import multihost_utils
+
+        data = np.frombuffer(json.dumps(value).encode(), np.uint8)
+        lengths = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32))).reshape(-1)
+        padded = np.zeros(int(lengths.max()), np.uint8)
+        padded[:data.size] = data
+        rows = np.asarray(multihost_utils.process_allgather(padded)).reshape(len(lengths), -1)
+        return [json.loads(bytes(row[:length])) for row, length in zip(rows, lengths, strict=True)]
 
     @functools.cached_property
     def device_count(self) -> int:

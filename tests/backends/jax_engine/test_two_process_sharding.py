@@ -1,0 +1,102 @@
+"""Two JAX processes of 4 virtual CPU devices each (`ktrainer launch`, jax.distributed on 127.0.0.1) train the
+transformer block sharded over all 8: the losses and weights of a one-process run on 8 devices, each process
+writing only the slices its own devices own (nothing twice), the chief committing one manifest of everyone's
+files, and the checkpoint resuming exactly in one process on another mesh and on one device.
+
+Runs in the JAX session (8 virtual CPU devices in this process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ktrainer.checkpoint.slices import SLICED
+from ktrainer.checkpoint.tensors import read_tensors
+from tests.backends.jax_engine.sharded_block import GLOBAL_BATCH, MODEL_LAYOUT, TransformerBlock, fit
+
+pytestmark = pytest.mark.jax_only
+
+HERE = Path(__file__).parent
+ONE_PROCESS = {"fsdp": (None, {"strategy": "fsdp", "devices": 8, "batch_size": GLOBAL_BATCH // 8,
+                               "fsdp_min_bytes": 0}),
+               "model_parallel": (MODEL_LAYOUT, {"strategy": "model_parallel", "mesh": {"batch": 1, "model": 8},
+                                                 "batch_size": GLOBAL_BATCH})}
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory) -> tuple[Path, dict[str, list[dict]]]:
+    """Both strategies' runs in the two launched processes: each one's report, by strategy, process 0 first."""
+    root = tmp_path_factory.mktemp("two")
+    command = [sys.executable, "-m", "ktrainer.cli.main", "launch", "--nodes", "2", "--", sys.executable,
+               str(HERE / "no_tensorflow.py"), str(HERE / "two_process_sharded_run.py"), str(root)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(HERE.parents[2])})
+    assert done.returncode == 0, done.stderr[-4000:]
+    reports: dict[str, list[dict]] = {}
+    for line in done.stdout.splitlines():
+        if "RESULT " in line:
+            report = json.loads(line.split("RESULT ", 1)[1])
+            reports.setdefault(report["strategy"], []).append(report)
+    return root, {name: sorted(each, key=lambda r: r["process"]) for name, each in reports.items()}
+
+
+@pytest.mark.parametrize("strategy", list(ONE_PROCESS))
+def test_two_processes_train_the_losses_and_weights_of_one_process_on_eight_devices(two_processes, strategy,
+                                                                                   tmp_path):
+    _, reports = two_processes
+    layout, arguments = ONE_PROCESS[strategy]
+    module = TransformerBlock(layout)
+    losses, _ = fit(module, tmp_path, **arguments)
+    assert [r["process"] for r in reports[strategy]] == [0, 1]
+    for report in reports[strategy]:
+        assert report["step"] == 4
+        np.testing.assert_allclose(report["losses"], losses, atol=1e-5, rtol=0)
+        for theirs, mine in zip(report["weights"], module.model.variables, strict=True):
+            # The collectives between processes sum in another order than within one: last bits differ.
+            np.testing.assert_allclose(theirs, np.asarray(mine.value), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("strategy", list(ONE_PROCESS))
+def test_each_process_writes_only_the_slices_its_devices_own_and_the_chief_commits_them_all(two_processes, strategy):
+    root, _ = two_processes
+    checkpoint = root / strategy / "checkpoints" / "step-00000004"
+    written = {process: {} for process in (0, 1)}  # process -> tensor key -> its shape
+    for path in checkpoint.glob("*.tensors"):
+        process = 1 if "-p00001." in path.name else 0
+        written[process].update({k: v.shape for k, v in read_tensors(path.read_bytes()).items()})
+    state = json.loads(next(checkpoint.glob("trainer.*.json")).read_text())
+    sliced = [value[SLICED] for section in ("model", "optimizer") for value in state[section].values()
+              if SLICED in value]
+    keys = [key for each in sliced for _, key, _ in each["parts"]]
+    assert written[1] and set(written[1]) <= set(keys)  # process 1 wrote slices, and only slices
+    assert not set(written[0]) & set(written[1])  # nothing was written twice
+    assert set(keys) <= set(written[0]) | set(written[1])  # every slice was written by someone
+    # Process 1's devices are the mesh's last four: it wrote exactly the slices in the second half of the split
+    # dimension, each with the shape of its region.
+    for each in sliced:
+        for _, key, region in each["parts"]:
+            (start, size), = [(a, full) for (a, b), full in zip(region, each["shape"], strict=True) if b - a < full]
+            assert (key in written[1]) == (start >= size // 2), (key, region)
+            assert written[1 if key in written[1] else 0][key] == tuple(b - a for a, b in region)
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert {e["name"] for e in manifest["files"]} == {p.name for p in checkpoint.iterdir()} - {"manifest.json"}
+
+
+@pytest.mark.parametrize("target", ["(2, 4)", "one device"])
+def test_a_checkpoint_of_two_processes_resumes_exactly_in_one(two_processes, target, tmp_path):
+    root, reports = two_processes
+    arguments = ({"strategy": "model_parallel", "mesh": {"batch": 2, "model": 4}, "batch_size": GLOBAL_BATCH // 2}
+                 if target == "(2, 4)" else {"devices": 1, "batch_size": GLOBAL_BATCH})
+    module = TransformerBlock(MODEL_LAYOUT if target == "(2, 4)" else None)
+    checkpoint = root / "fsdp" / "checkpoints" / "step-00000002"
+    _, trainer = fit(module, tmp_path, steps=4, ckpt_path=str(checkpoint), enable_checkpointing=True, **arguments)
+    assert trainer.global_step == 4
+    for theirs, mine in zip(reports["fsdp"][0]["weights"], module.model.variables, strict=True):
+        np.testing.assert_allclose(np.asarray(mine.value), theirs, atol=1e-6, rtol=0)

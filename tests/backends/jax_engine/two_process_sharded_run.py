@@ -1,0 +1,34 @@
+"""One of two JAX processes, 4 virtual CPU devices each, training the transformer block sharded over all 8
+(started by `ktrainer launch --nodes 2`, see test_two_process_sharding.py).
+
+    python no_tensorflow.py two_process_sharded_run.py ROOT
+
+Two fits, into ROOT/fsdp (mesh batch=8) and ROOT/model_parallel (mesh batch=1 x model=8: each process holds
+its own columns of each kernel). Each prints `RESULT {json}`: the strategy, this process's index, the step,
+the losses and the whole weights (gathered from both processes, for the comparison only).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from jax.experimental import multihost_utils
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository, for tests.backends...
+from tests.backends.jax_engine.sharded_block import GLOBAL_BATCH, MODEL_LAYOUT, TransformerBlock, fit  # noqa: E402
+
+RUNS = {"fsdp": (None, {"strategy": "fsdp", "batch_size": GLOBAL_BATCH // 8, "fsdp_min_bytes": 0}),
+        "model_parallel": (MODEL_LAYOUT, {"strategy": "model_parallel", "mesh": {"batch": 1, "model": 8},
+                                          "batch_size": GLOBAL_BATCH})}
+for strategy, (layout, arguments) in RUNS.items():
+    module = TransformerBlock(layout)
+    losses, trainer = fit(module, f"{sys.argv[1]}/{strategy}", steps=4, enable_checkpointing=True, devices=4,
+                          **arguments)
+    weights = [np.asarray(multihost_utils.process_allgather(v.value, tiled=True)).tolist()
+               for v in module.model.variables]
+    print("RESULT", json.dumps({"strategy": strategy, "process": trainer.engine.process_index,
+                                "step": trainer.global_step, "losses": losses, "weights": weights,
+                                "last": trainer.checkpoint_callback.last_model_path}), flush=True)
