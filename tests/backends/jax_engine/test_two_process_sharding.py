@@ -100,3 +100,35 @@ def test_a_checkpoint_of_two_processes_resumes_exactly_in_one(two_processes, tar
     assert trainer.global_step == 4
     for theirs, mine in zip(reports["fsdp"][0]["weights"], module.model.variables, strict=True):
         np.testing.assert_allclose(np.asarray(mine.value), theirs, atol=1e-6, rtol=0)
+
+
+def test_a_process_killed_during_a_sharded_save_to_s3_leaves_last_on_the_previous_checkpoint(s3_bucket, tmp_path):
+    """kill -9 of process 1 after it wrote its slices of step 4 and before the chief committed: no manifest of step 4
+    exists, "last" is step 2, and resuming from it (in one process) ends where a run that never stopped ends."""
+    import s3fs
+
+    root, options = s3_bucket
+    command = [sys.executable, "-m", "ktrainer.cli.main", "launch", "--nodes", "2", "--", sys.executable,
+               str(HERE / "no_tensorflow.py"), str(HERE / "two_process_killed_save.py"), f"{root}/run",
+               json.dumps(options)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(HERE.parents[2])})
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "KILLED AFTER " in done.stdout, done.stderr[-4000:]
+    (killed,) = [json.loads(line.split("KILLED AFTER ", 1)[1]) for line in done.stdout.splitlines()
+                 if "KILLED AFTER " in line]
+    assert killed["checkpoint"] == "step-00000004" and killed["files"]
+    fs = s3fs.S3FileSystem(**options)
+    step4 = [path.rpartition("/")[2] for path in fs.ls(f"{root}/run/checkpoints/step-00000004", refresh=True)]
+    assert set(killed["files"]) <= set(step4) and "manifest.json" not in step4  # written, never committed
+    straight = TransformerBlock()
+    fit(straight, tmp_path / "straight", strategy="fsdp", devices=8, batch_size=GLOBAL_BATCH // 8, fsdp_min_bytes=0)
+    module = TransformerBlock()
+    with pytest.warns(UserWarning, match=r"step-00000004 is not valid \(no manifest \(an interrupted save\)\)"):
+        _, trainer = fit(module, f"{root}/run", steps=4, ckpt_path="last", storage_options=options,
+                         enable_checkpointing=True, strategy="fsdp", devices=8, batch_size=GLOBAL_BATCH // 8,
+                         fsdp_min_bytes=0)
+    assert trainer.global_step == 4
+    assert trainer.run.parent.endswith("/step-00000002")  # "last" was the previous checkpoint
+    for resumed, stayed in zip(module.model.variables, straight.model.variables, strict=True):
+        np.testing.assert_allclose(np.asarray(resumed.value), np.asarray(stayed.value), atol=1e-6, rtol=0)
