@@ -65,3 +65,32 @@ def test_a_checkpoint_of_a_2_by_4_mesh_resumes_exactly_on_another(saved_on_2_by_
     assert (tmp_path / "checkpoints" / "step-00000004" / "manifest.json").exists()  # it saves on its own mesh
     for resumed, stayed in zip(_weights(module), straight, strict=True):
         np.testing.assert_allclose(resumed, stayed, atol=1e-6, rtol=0)
+
+
+def test_ckpt_export_writes_a_keras_file_of_a_sharded_checkpoint_one_variable_at_a_time(saved_on_2_by_4, tmp_path,
+                                                                                         monkeypatch):
+    import keras
+
+    from ktrainer.checkpoint.slices import SavedSlices
+    from ktrainer.cli.main import main
+
+    checkpoint, _ = saved_on_2_by_4
+    assembled: list[tuple[int, ...]] = []  # each sharded variable put together, in turn
+    region = SavedSlices.region
+
+    def watched(self, index=None):
+        assembled.append(self.shape)
+        return region(self, index)
+
+    monkeypatch.setattr(SavedSlices, "region", watched)
+    out = tmp_path / "model.keras"
+    assert main(["ckpt", "export", str(checkpoint), str(out)]) == 0
+    exported = keras.saving.load_model(str(out))
+    state = json.loads(next(checkpoint.glob("trainer.*.json")).read_text())
+    sliced = [value[SLICED]["shape"] for value in state["model"].values() if SLICED in value]
+    assert assembled == [tuple(shape) for shape in sliced]  # each sharded model variable put together once, in turn
+    module = TransformerBlock()  # the checkpoint's weights, loaded on one device
+    fit(module, tmp_path / "resumed", steps=2, ckpt_path=str(checkpoint), devices=1, batch_size=GLOBAL_BATCH,
+        enable_checkpointing=True)
+    for mine, theirs in zip(module.model.get_weights(), exported.get_weights(), strict=True):
+        np.testing.assert_array_equal(mine, theirs)
