@@ -12,9 +12,10 @@ callback that reads every step's logs in `on_train_batch_end` and writes them wi
 
 A compute-bound MLP: 256 input features, 4 gelu layers of width 8192, batch 1024, Adam. A step is about
 1.25 TFLOP against 1 MB of input, so the matrix products set the pace, not the host feeding the batches.
+Also a 1-device `strategy="fsdp"` smoke run against the one-device Trainer (the same losses, the same speed).
 `--tiny` (width 64, batch 16) runs the script on a CPU. Each measurement runs on its own: one that fails
 prints its traceback and the others still report. Prints one line per measurement and a JSON summary
-last; exits 1 when a measurement failed or resume was not exact. No TensorFlow is needed.
+last; exits 1 when a measurement failed, resume was not exact or fsdp's losses differ by more than 1e-5. No TensorFlow is needed.
 """
 
 from __future__ import annotations
@@ -233,6 +234,37 @@ def resume_check(data, args, root: str) -> dict:
             "async_snapshot_resume_max_difference": difference(straight, from_async)}
 
 
+def fsdp_check(data, args, root: str) -> dict:
+    """strategy="fsdp" on this one device against the one-device Trainer (32-true, one epoch each, the same seed):
+    the sharded path (mesh, checked layouts, the step's pinned output layouts) must train the same losses at
+    the same speed; with one device it splits nothing, so any difference is the path's own cost."""
+
+    class Losses(kt.callbacks.Callback):
+        def __init__(self):
+            self.losses, self.start, self.seconds = [], 0.0, 0.0
+
+        def on_train_epoch_start(self, trainer, module):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch_idx):
+            self.losses.append(float(outputs["train/loss_step"]))
+
+        def on_train_epoch_end(self, trainer, module):
+            self.seconds = time.perf_counter() - self.start
+
+    def run(where: str, **strategy) -> Losses:
+        losses = Losses()
+        trainer = kt.Trainer(max_epochs=2, batch_size=args.batch, seed=0, default_root_dir=where, logger=False,
+                             enable_progress_bar=False, enable_checkpointing=False, callbacks=[losses],
+                             log_every_n_steps=1, **strategy)
+        trainer.fit(MLP(args.features, args.width, args.depth), data, shuffle=False)
+        return losses
+
+    plain, fsdp = run(f"{root}/one-device"), run(f"{root}/fsdp", strategy="fsdp", devices=1, fsdp_min_bytes=0)
+    return {"fsdp_max_loss_difference": max(abs(a - b) for a, b in zip(plain.losses, fsdp.losses, strict=True)),
+            "fsdp_over_one_device": plain.seconds / fsdp.seconds}
+
+
 SIZES = {  # features, width, depth, batch, steps per epoch, epochs, steps_per_execution, checkpoint GB, resume width,
     # steps between checkpoints in the runs with a real run's callbacks
     "full": (256, 8192, 4, 1024, 64, 6, 16, 1.0, 4096, 64),
@@ -326,6 +358,11 @@ def main() -> None:  # noqa: C901 - the sections are closures over one summary; 
               f"built and loaded) {summary['restore_s']:.2f} s; weights equal {summary['restored_weights_equal']}",
               flush=True)
 
+    def fsdp() -> None:
+        summary.update(fsdp_check(data, args, f"{root}/fsdp"))
+        print(f"strategy='fsdp' on 1 device: max |loss difference| {summary['fsdp_max_loss_difference']} against "
+              f"one device, speed {summary['fsdp_over_one_device']:.2f}x of it (second epoch)", flush=True)
+
     against = (("32-true", "float32"), ("bf16-mixed", "mixed_bfloat16"))
     try:
         spe = args.spe
@@ -340,6 +377,7 @@ def main() -> None:  # noqa: C901 - the sections are closures over one summary; 
             sections.run(f"Keras fit {policy}", lambda p=precision, q=policy: against_fit(p, q, spe))
         sections.run("exact resume", resume)
         sections.run("checkpoint", checkpoint)
+        sections.run("fsdp on one device", fsdp)
         for precision, policy in against:
             sections.run(f"like a run, {precision}", lambda p=precision, q=policy: like_a_run(p, q, spe),
                          optional=True)
@@ -357,7 +395,7 @@ def main() -> None:  # noqa: C901 - the sections are closures over one summary; 
     summary["errors"] = sections.errors
     print(json.dumps(summary))
     exact = (summary.get("resume_max_difference") == 0.0 and summary.get("async_snapshot_resume_max_difference") == 0.0
-             and summary.get("restored_weights_equal") is True)
+             and summary.get("restored_weights_equal") is True and summary.get("fsdp_max_loss_difference", 1.0) <= 1e-5)
     sys.exit(0 if exact and not sections.errors else 1)
 
 

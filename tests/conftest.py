@@ -1,4 +1,4 @@
-"""Shared fixtures: quiet Trainer settings and a real S3 server (moto) on 127.0.0.1."""
+"""Shared fixtures: quiet Trainer settings, a real S3 server (moto) and a GCS server (the emulator) on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -76,6 +76,43 @@ def s3_server():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def gcs_server():
+    """A real GCS-compatible server (gcp-storage-emulator, in memory, in this process) on 127.0.0.1."""
+    import socket
+
+    from gcp_storage_emulator.server import create_server
+
+    # Newer gcsfs otherwise asks each bucket for its layout over gRPC, which the emulator lacks, and waits 60 s.
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+    with socket.socket() as probe:  # a free port: the emulator does not report one it picked itself
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def gcs_bucket(gcs_server, request):
+    """A fresh bucket on the GCS emulator; returns (root URL, storage_options)."""
+    import gcsfs
+
+    options = {"endpoint_url": gcs_server, "token": "anon"}
+    fs = gcsfs.GCSFileSystem(**options)
+    name = "ktrainer-" + request.node.name.lower().replace("_", "-").replace("[", "-").replace("]", "")[:40].strip("-")
+    fs.mkdir(name)
+    yield f"gs://{name}", options
+    fs.rm(name, recursive=True)
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def cloud_bucket(request):
+    """A fresh bucket on S3 (moto) and, in a second run of the test, on GCS (the emulator): (root URL, options)."""
+    return request.getfixturevalue(f"{request.param}_bucket")
+
+
 @pytest.fixture
 def s3_bucket(s3_server, request):
     """A fresh bucket; returns (root URL, storage_options)."""
@@ -83,7 +120,7 @@ def s3_bucket(s3_server, request):
 
     options = {"client_kwargs": {"endpoint_url": s3_server}, "key": "testing", "secret": "testing"}
     fs = s3fs.S3FileSystem(**options)
-    name = "ktrainer-" + request.node.name.lower().replace("_", "-")[:40].strip("-")
+    name = "ktrainer-" + request.node.name.lower().replace("_", "-").replace("[", "-").replace("]", "")[:40].strip("-")
     fs.mkdir(name)
     yield f"s3://{name}", options
     fs.rm(name, recursive=True)

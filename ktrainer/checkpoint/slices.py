@@ -112,8 +112,12 @@ class SavedSlices:
         return len(self.shape)
 
     def region(self, index: Sequence[slice] | None = None) -> np.ndarray:
-        """The values of one region (`index`: a slice per dimension, as JAX gives a device's; None: all)."""
+        """The values of one region (`index`: a slice per dimension, as JAX gives a device's; None: all): a
+        read-only view of a saved slice when the region is one, else a new array put together."""
         wanted = _region(index, self.shape) if index is not None else tuple((0, size) for size in self.shape)
+        for region, values in self.parts:
+            if region == wanted:  # the same layout as saved: the slice itself, no copy
+                return values
         out = np.empty(tuple(stop - start for start, stop in wanted), self.dtype)
         for region, values in self.parts:
             overlap = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(region, wanted, strict=True))

@@ -33,6 +33,9 @@ def test_a_sliced_variable_round_trips_and_any_region_reads_from_the_slices_it_o
     np.testing.assert_array_equal(saved.region((slice(4, 8), slice(3, 6))), WHOLE[4:8, 3:6])
     np.testing.assert_array_equal(saved.region((slice(None), slice(0, 1))), WHOLE[:, :1])
     np.testing.assert_array_equal(state["model"]["bias"], np.ones(3))
+    # The same layout as saved: each device's region is its slice itself (no copy of the state on restore).
+    part = saved.region((slice(2, 4), slice(None)))
+    assert any(np.shares_memory(part, values) for _, values in saved.parts)
 
 
 def test_a_background_save_freezes_each_slice_not_the_gathered_whole():

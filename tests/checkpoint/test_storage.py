@@ -1,4 +1,5 @@
-"""Checkpoints on a real S3 server (moto on 127.0.0.1) and crash safety: SIGKILL during saves loses nothing."""
+"""Checkpoints on real object stores, S3 (moto) and GCS (the emulator) on 127.0.0.1, each test on both, and crash
+safety: SIGKILL during saves loses nothing."""
 
 from __future__ import annotations
 
@@ -19,30 +20,30 @@ from tests.checkpoint.test_preemption import Lines
 from tests.checkpoint.test_resume import RUNNER, N, assert_same_run, inline, leg
 
 
-def test_retention_on_s3(s3_bucket):
-    root, options = s3_bucket
+def test_retention_on_object_stores(cloud_bucket):
+    root, options = cloud_bucket
     checkpoint = kt.callbacks.ModelCheckpoint(every_n_train_steps=2, max_to_keep=2, keep_every_n_steps=6)
     trainer = kt.Trainer(max_steps=10, batch_size=32, default_root_dir=f"{root}/run", storage_options=options,
                          callbacks=[checkpoint], enable_progress_bar=False, logger=False)
     trainer.fit(Net())
-    fs = fsspec.filesystem("s3", **options)
+    fs = fsspec.filesystem(root.partition(":")[0], **options)
     kept = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(f"{root}/run/checkpoints"))
     assert kept == ["step-00000006", "step-00000008", "step-00000010"]
     assert all(info.valid for info in checkpoint.io.list(checksums=True))
 
 
-def test_resume_from_an_s3_uri_in_a_fresh_process_equals_the_straight_run(s3_bucket, tmp_path, straight_32):
-    root, options = s3_bucket
+def test_resume_from_a_cloud_uri_in_a_fresh_process_equals_the_straight_run(cloud_bucket, tmp_path, straight_32):
+    root, options = cloud_bucket
     first = inline(f"{root}/run", 7, "32-true", "-", options)
     second = leg(tmp_path, f"{root}/run", N, "32-true", f"{root}/run/checkpoints/step-00000007", options)
     assert_same_run(first, second, straight_32)
 
 
-def test_a_truncated_newest_checkpoint_on_s3_falls_back(s3_bucket):
-    root, options = s3_bucket
+def test_a_truncated_newest_checkpoint_in_the_cloud_falls_back(cloud_bucket):
+    root, options = cloud_bucket
     kt.Trainer(max_steps=10, batch_size=32, default_root_dir=f"{root}/run", storage_options=options,
                enable_progress_bar=False, logger=False).fit(Net())  # epochs end at 5 and 10
-    fs = fsspec.filesystem("s3", **options)
+    fs = fsspec.filesystem(root.partition(":")[0], **options)
     [newest] = fs.glob(f"{root}/run/checkpoints/step-00000010/model-00000.*.tensors")
     fs.pipe_file(newest, fs.cat_file(newest)[:50])
     trainer = kt.Trainer(max_steps=6, batch_size=32, default_root_dir=f"{root}/run", storage_options=options,
@@ -50,6 +51,13 @@ def test_a_truncated_newest_checkpoint_on_s3_falls_back(s3_bucket):
     with pytest.warns(UserWarning, match="step-00000010 is not valid"):
         trainer.fit(Net(), ckpt_path="last")
     assert trainer.global_step == 6  # resumed at 5
+
+
+def test_an_async_save_in_the_cloud_resumes_exactly(cloud_bucket, tmp_path, straight_32):
+    root, options = cloud_bucket
+    first = inline(f"{root}/run", 7, "32-true", "-", options, "--every-n-steps", "7", "--async-save")
+    second = inline(f"{root}/run", N, "32-true", "last", options)
+    assert_same_run(first, second, straight_32)
 
 
 def _kill_one(run_root: str, options: dict, wanted: int, async_save: bool, cwd) -> list[int]:
@@ -101,8 +109,8 @@ def test_sigkill_at_random_moments_always_leaves_a_resumable_checkpoint_locally(
 
 @pytest.mark.filterwarnings("ignore:Checkpoint .* is not valid")
 @pytest.mark.filterwarnings("ignore:Resuming. the checkpoint has state")
-def test_sigkill_at_random_moments_always_leaves_a_resumable_checkpoint_on_s3(s3_bucket, tmp_path):
-    root, options = s3_bucket
+def test_sigkill_at_random_moments_always_leaves_a_resumable_checkpoint_in_the_cloud(cloud_bucket, tmp_path):
+    root, options = cloud_bucket
     _kill_trials(root, options, 2, tmp_path, seed=2)
 
 

@@ -35,4 +35,5 @@ def test_the_gpu_check_runs_every_measurement_on_a_cpu_without_tensorflow(tmp_pa
             assert summary[f"trainer_over_fit_{precision}_spe{spe}_window1"] > 0
     assert summary["resume_max_difference"] == summary["async_snapshot_resume_max_difference"] == 0.0
     assert summary["restored_weights_equal"] is True
+    assert summary["fsdp_max_loss_difference"] == 0.0 and summary["fsdp_over_one_device"] > 0
     assert done.stdout.count("with a checkpoint every 8 steps and TensorBoard every step") == 4

@@ -94,3 +94,15 @@ def test_ckpt_export_writes_a_keras_file_of_a_sharded_checkpoint_one_variable_at
         enable_checkpointing=True)
     for mine, theirs in zip(module.model.get_weights(), exported.get_weights(), strict=True):
         np.testing.assert_array_equal(mine, theirs)
+
+
+def test_a_sharded_checkpoint_on_s3_and_gcs_resumes_exactly_on_another_mesh(saved_on_2_by_4, cloud_bucket):
+    root, options = cloud_bucket
+    _, straight = saved_on_2_by_4
+    fit(TransformerBlock(MODEL_LAYOUT), f"{root}/run", steps=2, enable_checkpointing=True, storage_options=options,
+        strategy="model_parallel", mesh={"batch": 2, "model": 4}, batch_size=GLOBAL_BATCH // 2)
+    module = TransformerBlock()
+    fit(module, f"{root}/run", steps=4, ckpt_path="last", enable_checkpointing=True, storage_options=options,
+        **MESHES["fsdp on 8"])
+    for resumed, stayed in zip(_weights(module), straight, strict=True):
+        np.testing.assert_allclose(resumed, stayed, atol=1e-6, rtol=0)
