@@ -62,7 +62,8 @@ class Trainer(StateMethods):
         mesh: The device mesh of "fsdp"/"model_parallel" (JAX): axis name -> size, e.g. `{"batch": 2, "model": 4}`,
             or a keras.distribution.DeviceMesh; None: "fsdp" puts every device on one "batch" axis. The global batch
             is `batch_size` x the "batch" axis's size.
-        fsdp_min_bytes: Under "fsdp", variables of at least this many bytes are sharded, smaller ones replicated.
+        fsdp_min_bytes: Under "fsdp", variables of at least this many bytes (default 1 MiB) are sharded, smaller ones
+            replicated.
         num_nodes: Worker processes; more than 1 (or a TF_CONFIG cluster) uses MultiWorkerMirroredStrategy.
         lr_scaling: None (never change the learning rate), "sqrt" or "linear": scale the rate written for one replica by
             the square root of, or by, the number of replicas.
@@ -113,7 +114,7 @@ class Trainer(StateMethods):
         devices: Any = "auto",
         strategy: Any = "auto",
         mesh: Any = None,
-        fsdp_min_bytes: int = 2**20,
+        fsdp_min_bytes: int = 1_048_576,
         num_nodes: int = 1,
         lr_scaling: str | None = None,
         limit_train_batches: int | float | None = None,
