@@ -15,7 +15,8 @@ A compute-bound MLP: 256 input features, 4 gelu layers of width 8192, batch 1024
 Also a 1-device `strategy="fsdp"` smoke run against the one-device Trainer (the same losses, the same speed).
 `--tiny` (width 64, batch 16) runs the script on a CPU. Each measurement runs on its own: one that fails
 prints its traceback and the others still report. Prints one line per measurement and a JSON summary
-last; exits 1 when a measurement failed, resume was not exact or fsdp's losses differ by more than 1e-5. No TensorFlow is needed.
+last; exits 1 when a measurement failed, resume was not exact or fsdp's losses differ by more than 1e-5.
+No TensorFlow is needed.
 """
 
 from __future__ import annotations

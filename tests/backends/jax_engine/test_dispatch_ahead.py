@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import ktrainer as kt
-from ktrainer.backends.jax import engine as jax_engine
+from ktrainer.backends.jax import runners as jax_runners
 from ktrainer.callbacks import model_checkpoint
 from tests.helpers import Regressor, regression_data
 
@@ -47,14 +47,14 @@ class Recorder(kt.loggers.Logger):
 def most_in_flight(monkeypatch) -> list[int]:
     """The most calls the training runner held in flight, at each dispatch."""
     seen: list[int] = []
-    dispatch = jax_engine._TrainRunner.dispatch
+    dispatch = jax_runners.TrainRunner.dispatch
 
     def watched(self, *args, **kwargs):
         call = dispatch(self, *args, **kwargs)
         seen.append(self._in_flight)
         return call
 
-    monkeypatch.setattr(jax_engine._TrainRunner, "dispatch", watched)
+    monkeypatch.setattr(jax_runners.TrainRunner, "dispatch", watched)
     return seen
 
 

@@ -18,14 +18,14 @@ import jax
 import numpy as np
 
 import ktrainer as kt
-import ktrainer.backends.jax.engine as jax_engine
+import ktrainer.backends.jax.runners as jax_runners
 import ktrainer.loop.run_clock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository, for tests.backends.leg_run
 from tests.backends.leg_run import Net, data  # noqa: E402
 
 in_flight: list[int] = []  # the calls the training runner held in flight, at each dispatch
-_dispatch = jax_engine._TrainRunner.dispatch
+_dispatch = jax_runners.TrainRunner.dispatch
 
 
 def _watched_dispatch(self, *args, **kwargs):
@@ -34,7 +34,7 @@ def _watched_dispatch(self, *args, **kwargs):
     return call
 
 
-jax_engine._TrainRunner.dispatch = _watched_dispatch
+jax_runners.TrainRunner.dispatch = _watched_dispatch
 
 # No num_nodes: the launcher's variables say this process is one of two, as TF_CONFIG does on TensorFlow.
 trainer = kt.Trainer(max_epochs=2, batch_size=8, seed=0, default_root_dir=sys.argv[1],
