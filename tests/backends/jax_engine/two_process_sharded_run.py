@@ -3,8 +3,8 @@
 
     python no_tensorflow.py two_process_sharded_run.py ROOT
 
-Two fits, into ROOT/fsdp (mesh batch=8) and ROOT/model_parallel (mesh batch=1 x model=8: each process holds
-its own columns of each kernel). Each prints `RESULT {json}`: the strategy, this process's index, the step,
+Three fits, into ROOT/fsdp (mesh batch=8), ROOT/model_parallel (mesh batch=1 x model=8: each process holds
+its own columns of each kernel) and ROOT/model_parallel_2x4 (batch=2 x model=4: each process one replica). Each prints `RESULT {json}`: the strategy, this process's index, the step,
 the losses and the whole weights (gathered from both processes, for the comparison only).
 """
 
@@ -22,7 +22,10 @@ from tests.backends.jax_engine.sharded_block import GLOBAL_BATCH, MODEL_LAYOUT, 
 
 RUNS = {"fsdp": (None, {"strategy": "fsdp", "batch_size": GLOBAL_BATCH // 8, "fsdp_min_bytes": 0}),
         "model_parallel": (MODEL_LAYOUT, {"strategy": "model_parallel", "mesh": {"batch": 1, "model": 8},
-                                          "batch_size": GLOBAL_BATCH})}
+                                          "batch_size": GLOBAL_BATCH}),
+        # Each process one row of the mesh: one data-parallel replica whose model is split over its 4 devices.
+        "model_parallel_2x4": (MODEL_LAYOUT, {"strategy": "model_parallel", "mesh": {"batch": 2, "model": 4},
+                                              "batch_size": GLOBAL_BATCH // 2})}
 for strategy, (layout, arguments) in RUNS.items():
     module = TransformerBlock(layout)
     losses, trainer = fit(module, f"{sys.argv[1]}/{strategy}", steps=4, enable_checkpointing=True, devices=4,
