@@ -78,7 +78,7 @@ class ThroughputMonitor(Callback):
     - `perf/samples_per_sec`: batches x the global batch size (a smaller last batch counts as full);
     - `perf/steps_per_sec`: optimizer steps per second, only with `accumulate_grad_batches` > 1;
     - `perf/flops_per_sec`: `flops_per_step` x batches per second, when the FLOPs are known;
-    - `perf/mfu`: flops per second / (peak FLOP/s per device x replicas), when the peak is known too.
+    - `perf/mfu`: flops per second / (peak FLOP/s per device x devices), when the peak is known too.
 
     At each epoch end the same values over the epoch, named with `_epoch` (`perf/samples_per_sec_epoch`).
     The Trainer adds one when it has a logger and none was given.
@@ -116,7 +116,7 @@ class ThroughputMonitor(Callback):
         self.flops_per_step = _positive_or_none("flops_per_step", flops_per_step)
         self.peak_flops_per_device = _positive_or_none("peak_flops_per_device", peak_flops_per_device)
         self._flops: float | None = None
-        self._peak: float | None = None  # of all replicas together
+        self._peak: float | None = None  # of all devices together
         self._reset_clock()
 
     def _reset_clock(self) -> None:
@@ -129,7 +129,8 @@ class ThroughputMonitor(Callback):
         """Find the peak and the FLOPs per step of this run; restart the clock."""
         self._reset_clock()
         peak = self.peak_flops_per_device if self.peak_flops_per_device is not None else _device_peak(trainer)
-        self._peak = None if peak is None else peak * trainer.num_replicas
+        # Every device computes, also those that split one replica's model between them.
+        self._peak = None if peak is None else peak * trainer.engine.device_count
         self._flops = self.flops_per_step
         if self._flops is None and self._peak is not None:
             self._flops = trainer.engine.training_flops(module, trainer.global_batch_size)

@@ -69,13 +69,14 @@ class _Losses(kt.callbacks.Callback):
         self.losses.append(float(outputs["train/loss_step"]))
 
 
-def fit(module: kt.Module, tmp_path, steps: int = 4, ckpt_path: str | None = None,
+def fit(module: kt.Module, tmp_path, steps: int = 4, ckpt_path: str | None = None, callbacks: list | None = None,
         **arguments) -> tuple[list[float], kt.Trainer]:
     """Train `module` `steps` steps on `data()` in order (no checkpoints unless `enable_checkpointing=True`)."""
     keras.utils.set_random_seed(1)
     losses = _Losses()
     settings = {"enable_progress_bar": False, "logger": False, "enable_checkpointing": False, **arguments}
-    trainer = kt.Trainer(max_steps=steps, default_root_dir=str(tmp_path), callbacks=[losses], **settings)
+    trainer = kt.Trainer(max_steps=steps, default_root_dir=str(tmp_path), callbacks=[losses, *(callbacks or [])],
+                         **settings)
     trainer.fit(module, data(), shuffle=False, ckpt_path=ckpt_path)
     return losses.losses, trainer
 

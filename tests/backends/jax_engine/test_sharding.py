@@ -172,3 +172,13 @@ def test_devices_k_trains_on_device_k(tmp_path):
     device = jax.local_devices()[3]
     assert {d for v in module.model.variables for d in v.value.devices()} == {device}
     assert {d for v in trainer.optimizer.variables for d in v.value.devices()} == {device}
+
+
+def test_mfu_counts_every_device_of_the_mesh_not_only_the_replicas(tmp_path):
+    monitor = kt.callbacks.ThroughputMonitor(flops_per_step=1e9, peak_flops_per_device=1e12)
+    _, trainer = fit(TransformerBlock(MODEL_LAYOUT), tmp_path, steps=2, strategy="model_parallel",
+                     mesh={"batch": 2, "model": 4}, batch_size=32, callbacks=[monitor])
+    metrics = trainer.callback_metrics
+    assert trainer.num_replicas == 2 and trainer.engine.device_count == 8
+    assert float(metrics["perf/mfu_epoch"]) == pytest.approx(float(metrics["perf/flops_per_sec_epoch"]) / 8e12,
+                                                           rel=1e-4)
