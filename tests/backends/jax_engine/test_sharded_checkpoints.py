@@ -106,3 +106,23 @@ def test_a_sharded_checkpoint_on_s3_and_gcs_resumes_exactly_on_another_mesh(save
         **MESHES["fsdp on 8"])
     for resumed, stayed in zip(_weights(module), straight, strict=True):
         np.testing.assert_allclose(resumed, stayed, atol=1e-6, rtol=0)
+
+
+def test_an_async_sharded_save_snapshots_each_slice_before_the_run_goes_on(saved_on_2_by_4, tmp_path):
+    """A background save of a sharded state while the run trains on (the donated buffers are reused): resuming
+    it on one device ends where a run that never stopped ends."""
+    import ktrainer as kt
+
+    _, straight = saved_on_2_by_4
+    saver = kt.callbacks.ModelCheckpoint(every_n_train_steps=2, async_save=True, max_to_keep=None)
+    fit(TransformerBlock(MODEL_LAYOUT), tmp_path / "run", steps=4, callbacks=[saver], enable_checkpointing=True,
+        strategy="model_parallel",
+        mesh={"batch": 2, "model": 4}, batch_size=GLOBAL_BATCH // 2)
+    state = next((tmp_path / "run" / "checkpoints" / "step-00000002").glob("trainer.*.json")).read_text()
+    assert SLICED in state
+    module = TransformerBlock()
+    fit(module, tmp_path / "resumed", steps=4, ckpt_path=str(tmp_path / "run" / "checkpoints" / "step-00000002"),
+        callbacks=[kt.callbacks.ModelCheckpoint(every_n_train_steps=2, async_save=True, max_to_keep=None)],
+        enable_checkpointing=True, **MESHES["one device"])
+    for resumed, stayed in zip(_weights(module), straight, strict=True):
+        np.testing.assert_allclose(resumed, stayed, atol=1e-6, rtol=0)
