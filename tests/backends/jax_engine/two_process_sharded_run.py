@@ -4,8 +4,9 @@
     python no_tensorflow.py two_process_sharded_run.py ROOT
 
 Three fits, into ROOT/fsdp (mesh batch=8), ROOT/model_parallel (mesh batch=1 x model=8: each process holds
-its own columns of each kernel) and ROOT/model_parallel_2x4 (batch=2 x model=4: each process one replica). Each prints `RESULT {json}`: the strategy, this process's index, the step,
-the losses and the whole weights (gathered from both processes, for the comparison only).
+its own columns of each kernel) and ROOT/model_parallel_2x4 (batch=2 x model=4: each process one replica).
+Each prints `RESULT {json}`: the strategy, this process's index, the step, the losses and the whole weights
+(gathered from both processes, for the comparison only).
 """
 
 from __future__ import annotations
