@@ -13,7 +13,7 @@ import keras
 
 from ktrainer.backends import backend_version
 from ktrainer.checkpoint.lineage import MAX_LINEAGE
-from ktrainer.checkpoint.snapshot import to_files
+from ktrainer.checkpoint.snapshot import slice_index, to_files
 from ktrainer.checkpoint.variables import read_value, start_host_copies
 from ktrainer.compat.keras_internals import tensorflow_left_alone
 from ktrainer.version import __version__
@@ -43,6 +43,9 @@ def checkpoint_payload(state: dict[str, Any], model: keras.Model, run: Any, save
               "run_id": run.run_id, "parent": run.parent, "lineage": run.lineage[-MAX_LINEAGE:], "save_id": save_id,
               "hparams": state["run"]["hparams"], "versions": _versions(),
               "global_batch_size": state["run"]["global_batch_size"], "precision": state["run"]["precision"]}
+    slices = slice_index(files)
+    if slices:  # a sharded state: which file holds which slice of which variable
+        common["slices"] = slices
     return files, {**common, **fields}
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ktrainer.checkpoint.format import FileEntry
 from ktrainer.checkpoint.io import CheckpointError
 from ktrainer.checkpoint.payload import checkpoint_payload
-from ktrainer.checkpoint.snapshot import to_files
+from ktrainer.checkpoint.snapshot import slice_index, to_files
 from ktrainer.checkpoint.variables import read_value, start_host_copies
 
 if TYPE_CHECKING:
@@ -68,6 +68,7 @@ def save_sharded(target: SaveTarget, trainer: Trainer, name: str, fields: dict[s
         try:
             written = target.store.write_part(name, files)
             report["files"] = [[e.name, e.size, e.algorithm, e.checksum] for e in written]
+            report["slices"] = slice_index(files)
         except CheckpointError as error:
             report["error"] = str(error)
     reports = engine.gather_json(report)
@@ -86,6 +87,8 @@ def _commit(target: SaveTarget, trainer: Trainer, name: str, fields: dict[str, A
             "; ".join(failed)
     others = [FileEntry(*entry) for report in reports for entry in report["files"]]
     files, manifest = checkpoint_payload(state, trainer.module.model, trainer.run, save_id, fields)
+    manifest["slices"] = {**manifest.get("slices", {}), **{file: held for report in reports
+                                                           for file, held in report["slices"].items()}}
     try:
         target.store.write(name, files, manifest, on_commit=target.on_commit, not_before=target.not_before,
                            others=others)

@@ -20,7 +20,7 @@ from ktrainer.checkpoint.format import data_file_name, split_data_file_name
 from ktrainer.checkpoint.slices import SLICED, SavedSlices, sliced_of
 from ktrainer.checkpoint.tensors import TensorFile, dtype_from_name, nbytes_of, read_tensors
 
-__all__ = ["to_files", "from_files", "freeze", "is_array", "SHARD_BYTES", "STATE_FILE"]
+__all__ = ["to_files", "from_files", "freeze", "is_array", "slice_index", "SHARD_BYTES", "STATE_FILE"]
 
 SHARD_BYTES = 32 * 2**20  # one PUT each; measured faster on S3 than one large PUT or a multipart stream
 STATE_FILE = "trainer"
@@ -77,7 +77,7 @@ def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] 
             the state file's), or keys that collide once made strings.
     """
     sections: dict[str, dict[str, Any]] = {}  # section -> path -> array, in the order the state holds them
-    sliced_keys: set[str] = set()  # the paths of sharded variables' slices
+    sliced_keys: dict[str, list] = {}  # each slice's path -> [the whole variable's shape, dtype, its region]
     tree = {}
     for section, value in state.items():
         if not _SECTION.fullmatch(section):
@@ -89,7 +89,8 @@ def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] 
         if process:
             arrays = {key: value for key, value in arrays.items() if key in sliced_keys}
         for number, shard in enumerate(_shards(arrays) if arrays else []):
-            files[data_file_name(f"{section}-{number:05d}{suffix}", save_id, "tensors")] = TensorFile(shard, read)
+            held = [[f"{section}{key}", *sliced_keys[key]] for key in shard if key in sliced_keys]
+            files[data_file_name(f"{section}-{number:05d}{suffix}", save_id, "tensors")] = TensorFile(shard, read, held)
     if process:
         return files
     files[data_file_name(STATE_FILE, save_id, "json")] = json.dumps(tree, sort_keys=True).encode()
@@ -98,7 +99,7 @@ def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] 
 
 
 def _with_references(value: Any, section: str, path: str, sections: dict[str, dict[str, Any]],
-                     sliced_keys: set[str]) -> Any:
+                     sliced_keys: dict[str, list]) -> Any:
     """`value` (at `path` in `section`) with each array replaced by its reference, the array put in `sections`
     (and the path of each slice of a sharded variable in `sliced_keys`).
 
@@ -123,7 +124,7 @@ def _with_references(value: Any, section: str, path: str, sections: dict[str, di
             key = f"{path}@{number}"
             if region in sliced.parts:  # this process's slice (the others' are written by their processes)
                 sections.setdefault(section, {})[key] = sliced.parts[region]
-                sliced_keys.add(key)
+                sliced_keys[key] = [list(sliced.shape), sliced.dtype, [list(bounds) for bounds in region]]
             parts.append([section, key, [list(bounds) for bounds in region]])
         return {SLICED: {"shape": list(sliced.shape), "dtype": sliced.dtype, "parts": parts}}
     if is_array(value):
@@ -175,6 +176,12 @@ def from_files(files: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, Any]]
 
     state = _resolve(documents.pop(STATE_FILE), tensor)
     return state, documents
+
+
+def slice_index(files: dict[str, Any]) -> dict[str, list]:
+    """Which slices of sharded variables each tensor file of `files` holds, as the manifest's `slices` field
+    records them: {file name: [[section + key, the whole variable's shape, dtype, [[start, stop], ...]], ...]}."""
+    return {name: content.slices for name, content in files.items() if getattr(content, "slices", None)}
 
 
 def _resolve(value: Any, tensor: Callable[[str, str], np.ndarray]) -> Any:

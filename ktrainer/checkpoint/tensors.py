@@ -60,10 +60,13 @@ class TensorFile:
         arrays: name -> numpy array, or anything with `shape` and `dtype` that `read` turns into
             one (a live variable: it is read when the file is written, one at a time).
         read: Turns a value into a numpy array; default `np.asarray`.
+        slices: Which slices of sharded variables it holds, as the manifest records them (snapshot.py).
     """
 
-    def __init__(self, arrays: dict[str, Any], read: Callable[[Any], np.ndarray] | None = None) -> None:
+    def __init__(self, arrays: dict[str, Any], read: Callable[[Any], np.ndarray] | None = None,
+                 slices: list | None = None) -> None:
         self.arrays = arrays
+        self.slices = slices or []
         self._read = read or np.asarray
         self._index, offset = {}, 0
         for name, value in arrays.items():

@@ -89,6 +89,9 @@ def test_each_process_writes_only_the_slices_its_devices_own_and_the_chief_commi
             assert written[1 if key in written[1] else 0][key] == tuple(b - a for a, b in region)
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     assert {e["name"] for e in manifest["files"]} == {p.name for p in checkpoint.iterdir()} - {"manifest.json"}
+    from_process_1 = {tensor.partition("/")[2] for file, entries in manifest["slices"].items() if "-p00001." in file
+                      for tensor, *_ in entries}
+    assert from_process_1 == {key.lstrip("/") for key in written[1]}  # the manifest knows who wrote which slice
 
 
 @pytest.mark.parametrize("target", ["(2, 4)", "one device"])
