@@ -10,14 +10,12 @@ every example, and 96 tokens a batch from a vocabulary of 40: every batch repeat
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests.backends import sparse_run
-from tests.backends.runs import SPARSE_RUN, StartedLegs, max_difference, start_legs
+from tests.backends.runs import SPARSE_RUN, max_difference, start_legs
 
 OPTIMIZERS = ["adam", "adamw", "adagrad", "rmsprop", "sgd", "adam_ema"]
 TABLES = ("tokens", "positions")
@@ -50,35 +48,16 @@ VARIANTS = {
     "manual": {"optimizer": "rmsprop", "manual": True},
 }
 DEVICES = (1, 2, 4)
-SPLIT = ((1, 2), (4,))  # the replicated legs in two processes, the longest (4 replicas) in one: both cores train
-
-
-def replica_legs(devices: tuple[int, ...]) -> list[tuple[str, int, dict]]:
-    """Each variant's leg on each of `devices` logical CPUs (global batch 16): (variant, devices, arguments)."""
-    return [(name, count, {**arguments, "devices": count}) for name, arguments in VARIANTS.items() for count in devices]
-
-
-def replicas_on(devices: tuple[int, ...]):
-    """A start (tests/early.py): the legs of `replica_legs(devices)`, in a TensorFlow process of their own."""
-
-    def start(folder: Path) -> StartedLegs:
-        return start_legs([arguments for *_, arguments in replica_legs(devices)], folder, SPARSE_RUN,
-                          backend="tensorflow")
-
-    return start
-
-
-REPLICAS = tuple(replicas_on(devices) for devices in SPLIT)
-pytestmark = [pytest.mark.starts_early(start=start) for start in REPLICAS]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, started):
+def runs(tmp_path_factory):
     """Each optimizer's run on TensorFlow (this process), the oracle and on JAX; an AdamW run that moved from
-    TensorFlow to JAX at step 8; every variant on 1, 2 and 4 logical CPUs (two TensorFlow processes of their own,
-    global batch 16, started as collection ended). The other processes run while this one trains."""
+    TensorFlow to JAX at step 8; every variant on 1, 2 and 4 logical CPUs (a TensorFlow process of its own, global
+    batch 16). The two other processes run while this one trains."""
     folder = tmp_path_factory.mktemp("sparse")
-    replicas = [started(start) for start in REPLICAS]
+    replicas = start_legs([{**arguments, "devices": devices} for arguments in VARIANTS.values() for devices in DEVICES],
+                          folder, SPARSE_RUN, backend="tensorflow")
     first = sparse_run.leg({"optimizer": "adamw", "root": str(folder / "moved"), "max_steps": 8})
     jax = start_legs([{"optimizer": name} for name in OPTIMIZERS]
                      + [{"optimizer": "adamw", "root": str(folder / "moved"), "ckpt": "last"}],
@@ -86,12 +65,10 @@ def runs(tmp_path_factory, started):
     tensorflow = {name: sparse_run.leg({"optimizer": name}) for name in OPTIMIZERS}
     oracle = {name: densified_oracle(name) for name in OPTIMIZERS}
     *on_jax, moved = jax.result()
-    on_devices = {name: {} for name in VARIANTS}
-    for devices, legs in zip(SPLIT, replicas, strict=True):
-        for (name, count, _), report in zip(replica_legs(devices), legs.result(), strict=True):
-            on_devices[name][count] = report
+    done = iter(replicas.result())
     return {"tensorflow": tensorflow, "oracle": oracle, "jax": dict(zip(OPTIMIZERS, on_jax, strict=True)),
-            "first": first, "moved": moved, "replicas": on_devices}
+            "first": first, "moved": moved,
+            "replicas": {name: {devices: next(done) for devices in DEVICES} for name in VARIANTS}}
 
 
 def assert_same_run(run: dict, reference: dict, tolerance: float) -> None:

@@ -1,41 +1,28 @@
 """Several replicas on logical CPUs: the same losses as one device, one skip decision, exact metrics.
 
-The checks run in two subprocesses with 4 logical CPU devices each (a TensorFlow process has one device
-layout), side by side and started as collection ends (tests/early.py); this module asserts on what they report.
+The checks run in one subprocess with 4 logical CPU devices (a TensorFlow process has one device
+layout); this module asserts on what it reports.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.early import StartedProcess
-
 RUNNER = Path(__file__).with_name("multi_device_run.py")
-# multi_device_run.CHECKS in two processes of about the same length: both cores run them.
-HALVES = (("keras_losses", "ops"), ("skip", "lr", "validation", "logical_cpus", "errors", "zero_steps"))
-
-
-def runner(checks: tuple[str, ...]):
-    """A start (tests/early.py): `checks` of multi_device_run.py, in a process of their own."""
-
-    def start(folder: Path) -> StartedProcess:
-        return StartedProcess([sys.executable, str(RUNNER), *checks], folder)
-
-    return start
-
-
-STARTS = tuple(runner(checks) for checks in HALVES)
-pytestmark = [pytest.mark.starts_early(start=start) for start in STARTS]
 
 
 @pytest.fixture(scope="module")
-def results(started):
-    processes = [started(start) for start in STARTS]
-    return {name: result for process in processes for name, result in process.result().items()}
+def results(tmp_path_factory):
+    done = subprocess.run([sys.executable, str(RUNNER)], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path_factory.mktemp("multi_device"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
 
 
 @pytest.mark.parametrize("loss_kind", ["keras_losses", "ops"])
