@@ -1,4 +1,5 @@
-"""Shared fixtures: quiet Trainer settings, a real S3 server (moto) and a GCS server (the emulator) on 127.0.0.1."""
+"""Shared fixtures: quiet Trainer settings, a real S3 server (moto) and a GCS server (the emulator) on 127.0.0.1,
+and slow processes started as collection ends (tests/early.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ if ON_JAX:  # the logical devices the multi-device tests ask for, before JAX sta
     import jax
 
     jax.config.update("jax_num_cpu_devices", 8)
+
+
+def pytest_configure(config):
+    """Register the `starts_early` mark (tests/early.py)."""
+    from tests.early import MARK
+
+    config.addinivalue_line("markers", MARK)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,18 +45,35 @@ def pytest_collection_modifyitems(config, items):
         config.stash[STASH] = JaxSession()
 
 
-def pytest_unconfigure(config):
-    """Stop a JAX session still running (the TensorFlow session ended early) and remove its files."""
-    from tests.backends.jax_session import STASH
+def pytest_collection_finish(session):
+    """Start the slow processes that the tests left to run (-k and -m applied) are marked `starts_early` with."""
+    from tests.early import start_marked
 
-    if STASH in config.stash:
-        config.stash[STASH].close()
+    start_marked(session.config, session.items)
+
+
+def pytest_unconfigure(config):
+    """Stop a JAX session or an early start still running (the session ended early) and remove their files."""
+    from tests.backends.jax_session import STASH
+    from tests.early import STASH as EARLY
+
+    for key in (STASH, EARLY):
+        if key in config.stash:
+            config.stash[key].close()
 
 
 @pytest.fixture(autouse=True)
 def _run_in_a_temporary_folder(tmp_path, monkeypatch):
     """Tests that write to the default root (".") write into their own temporary folder."""
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def started(pytestconfig):
+    """`started(start)`: what `start` (a `starts_early` mark's) began, as collection ended (tests/early.py)."""
+    from tests.early import starts
+
+    return starts(pytestconfig).start
 
 
 @pytest.fixture

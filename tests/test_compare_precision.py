@@ -7,15 +7,15 @@ import os
 import re
 import sys
 import textwrap
+from pathlib import Path
 
 import keras
-import numpy as np
 import pytest
 
 import ktrainer as kt
-from ktrainer.cli.main import main
 from ktrainer.compare_precision import PLOT_HINT, PrecisionComparison, RunRecord
 from ktrainer.demos import DemoClassifier
+from tests.early import StartedProcess
 from tests.helpers import read_scalars
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -114,22 +114,43 @@ def test_the_plot_is_a_png_and_without_matplotlib_the_report_says_how_to_get_it(
     assert missing.report().count("pip install ktrainer[plot]") == 1 and PLOT_HINT in missing.report()
 
 
-def test_cli_compare_precision_measures_each_run_in_its_own_process(tmp_path, capsys):
-    ballast = np.ones(2**31 // 8)  # 2 GiB resident in this process, none of it in the runs' own processes
-    user_file = tmp_path / "demo_module.py"
+BALLAST_BYTES = 2**31  # 2 GiB resident in the CLI's process, none of it in the runs' own processes
+CLI = f"""
+import sys
+
+import numpy as np
+
+from ktrainer.cli.main import main
+
+ballast = np.ones({BALLAST_BYTES} // 8)
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def compare_precision_cli(folder: Path) -> StartedProcess:
+    """A start (tests/early.py): the CLI's compare-precision on a user's file, run by `main` in a process of its
+    own that holds BALLAST_BYTES, so that its two runs' processes train while the tests before this one do."""
+    user_file = folder / "demo_module.py"
     user_file.write_text(textwrap.dedent("""
         from ktrainer.demos import DemoClassifier as Demo
     """))
-    status = main(["compare-precision", f"{user_file}:Demo", "--precision", "bf16-mixed", "--steps", "30",
-                   "--root", str(tmp_path / "runs"), "--module-kwargs", '{"num_examples": 1000}'])
-    out = capsys.readouterr().out
-    assert status == 0, out
+    return StartedProcess([sys.executable, "-c", CLI, "compare-precision", f"{user_file}:Demo", "--precision",
+                           "bf16-mixed", "--steps", "30", "--root", str(folder / "runs"), "--module-kwargs",
+                           '{"num_examples": 1000}'], folder)
+
+
+@pytest.mark.starts_early(start=compare_precision_cli)
+def test_cli_compare_precision_measures_each_run_in_its_own_process(started):
+    cli = started(compare_precision_cli)
+    done = cli.finished()
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr[-4000:]
     assert "compare-precision: bf16-mixed against 32-true, 30 steps, warm-up 3" in out
     assert "verdict:" in out and "of its own process" in out
     line = next(each for each in out.splitlines() if "peak memory:" in each)
     peaks = [int(each) * 2**20 for each in re.findall(r"(\d+) MiB", line)]
-    assert len(peaks) == 2 and all(0 < peak < ballast.nbytes for peak in peaks), line
-    png = tmp_path / "runs" / "loss-32-true-vs-bf16-mixed.png"
+    assert len(peaks) == 2 and all(0 < peak < BALLAST_BYTES for peak in peaks), line
+    png = cli.cwd / "runs" / "loss-32-true-vs-bf16-mixed.png"
     assert f"plot: {png}" in out and png.read_bytes().startswith(PNG_SIGNATURE)
 
 

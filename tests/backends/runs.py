@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from tests.early import StartedProcess
 
 HERE = Path(__file__).parent
 LEG_RUN = HERE / "leg_run.py"
@@ -28,24 +28,9 @@ def start_legs(legs: list[dict], cwd: Path, script: Path, backend: str) -> Start
     return StartedLegs([*command, json.dumps(legs)], cwd)
 
 
-class StartedLegs:
-    """A process running training legs; `result()` waits for it and returns each leg's report."""
-
-    def __init__(self, command: list[str], cwd: Path):
-        # Files, not pipes: a child never blocks on a full pipe while the caller is busy elsewhere.
-        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        self._process = subprocess.Popen(command, stdout=self._out, stderr=self._err, text=True, cwd=cwd)
-
-    def result(self) -> list[dict]:
-        """Wait for the process (at most 10 minutes) and return what it printed last: one report per leg."""
-        try:
-            returncode = self._process.wait(timeout=600)
-        finally:
-            self._process.kill()
-        self._out.seek(0), self._err.seek(0)
-        out, err = self._out.read(), self._err.read()
-        assert returncode == 0, err[-4000:]
-        return json.loads(out.strip().splitlines()[-1])
+class StartedLegs(StartedProcess):
+    """A process running training legs; `result()` waits for it (at most 10 minutes) and returns each leg's report
+    (what it printed last)."""
 
 
 def max_difference(first: list, second: list) -> float:

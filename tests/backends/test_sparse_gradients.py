@@ -10,12 +10,14 @@ every example, and 96 tokens a batch from a vocabulary of 40: every batch repeat
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests.backends import sparse_run
-from tests.backends.runs import SPARSE_RUN, max_difference, start_legs
+from tests.backends.runs import SPARSE_RUN, StartedLegs, max_difference, start_legs
 
 OPTIMIZERS = ["adam", "adamw", "adagrad", "rmsprop", "sgd", "adam_ema"]
 TABLES = ("tokens", "positions")
@@ -50,25 +52,37 @@ VARIANTS = {
 DEVICES = (1, 2, 4)
 
 
+def start_replicas(folder: Path) -> StartedLegs:
+    """A start (tests/early.py): every variant on 2 and 4 logical CPUs, in a TensorFlow process of its own (global
+    batch 16)."""
+    return start_legs([{**arguments, "devices": devices} for arguments in VARIANTS.values() for devices in DEVICES[1:]],
+                      folder, SPARSE_RUN, backend="tensorflow")
+
+
+pytestmark = pytest.mark.starts_early(start=start_replicas)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, started):
     """Each optimizer's run on TensorFlow (this process), the oracle and on JAX; an AdamW run that moved from
-    TensorFlow to JAX at step 8; every variant on 1, 2 and 4 logical CPUs (a TensorFlow process of its own, global
-    batch 16). The two other processes run while this one trains."""
+    TensorFlow to JAX at step 8; every variant on one device (this process: the "adam" variant is the Adam run) and
+    on 2 and 4 logical CPUs (a TensorFlow process of its own, started as collection ended; global batch 16). The
+    other processes run while this one trains."""
     folder = tmp_path_factory.mktemp("sparse")
-    replicas = start_legs([{**arguments, "devices": devices} for arguments in VARIANTS.values() for devices in DEVICES],
-                          folder, SPARSE_RUN, backend="tensorflow")
+    replicas = started(start_replicas)
     first = sparse_run.leg({"optimizer": "adamw", "root": str(folder / "moved"), "max_steps": 8})
     jax = start_legs([{"optimizer": name} for name in OPTIMIZERS]
                      + [{"optimizer": "adamw", "root": str(folder / "moved"), "ckpt": "last"}],
                      folder, SPARSE_RUN, backend="jax")
     tensorflow = {name: sparse_run.leg({"optimizer": name}) for name in OPTIMIZERS}
     oracle = {name: densified_oracle(name) for name in OPTIMIZERS}
+    one = {name: tensorflow["adam"] if name == "adam" else sparse_run.leg(arguments)
+           for name, arguments in VARIANTS.items()}
     *on_jax, moved = jax.result()
     done = iter(replicas.result())
     return {"tensorflow": tensorflow, "oracle": oracle, "jax": dict(zip(OPTIMIZERS, on_jax, strict=True)),
             "first": first, "moved": moved,
-            "replicas": {name: {devices: next(done) for devices in DEVICES} for name in VARIANTS}}
+            "replicas": {name: {1: one[name], **{devices: next(done) for devices in DEVICES[1:]}} for name in VARIANTS}}
 
 
 def assert_same_run(run: dict, reference: dict, tolerance: float) -> None:

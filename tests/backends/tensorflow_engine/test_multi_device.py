@@ -1,28 +1,34 @@
 """Several replicas on logical CPUs: the same losses as one device, one skip decision, exact metrics.
 
 The checks run in one subprocess with 4 logical CPU devices (a TensorFlow process has one device
-layout); this module asserts on what it reports.
+layout), started as collection ends so that it runs while the tests before these do (tests/early.py);
+this module asserts on what it reports.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.early import StartedProcess
+
 RUNNER = Path(__file__).with_name("multi_device_run.py")
 
 
+def start_runner(folder: Path) -> StartedProcess:
+    """A start (tests/early.py): multi_device_run.py, in a process of its own."""
+    return StartedProcess([sys.executable, str(RUNNER)], folder)
+
+
+pytestmark = pytest.mark.starts_early(start=start_runner)
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    done = subprocess.run([sys.executable, str(RUNNER)], capture_output=True, text=True, timeout=600,
-                          cwd=tmp_path_factory.mktemp("multi_device"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+def results(started):
+    return started(start_runner).result()
 
 
 @pytest.mark.parametrize("loss_kind", ["keras_losses", "ops"])
