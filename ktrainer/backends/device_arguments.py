@@ -12,7 +12,7 @@ from typing import Any
 
 from ktrainer.checks import check_choice, check_int
 
-__all__ = ["ACCELERATORS", "check_device_arguments", "check_one_device", "chosen_indices"]
+__all__ = ["ACCELERATORS", "check_device_arguments", "check_one_device", "chosen_indices", "is_keras_distribution"]
 
 ACCELERATORS = ("auto", "cpu", "gpu", "tpu")
 
@@ -78,3 +78,9 @@ def chosen_indices(requested: list[int] | None, accelerator: str, visible: int |
     if visible is not None and max(requested) >= visible:
         raise ValueError(too_few(max(requested)))
     return requested
+
+
+def is_keras_distribution(strategy: Any) -> bool:
+    """Whether `strategy` is a Keras distribution object (`keras.distribution.ModelParallel`, `DataParallel`):
+    told by its class's module, so neither engine imports the other's framework to ask."""
+    return not isinstance(strategy, str) and type(strategy).__module__.startswith("keras")

@@ -16,6 +16,8 @@ from typing import Any
 
 import keras
 
+from ktrainer.backends.device_arguments import is_keras_distribution
+
 __all__ = ["MeshPlan", "SHARDED", "BATCH_AXIS", "DEFAULT_FSDP_MIN_BYTES", "check_mesh", "backend_mesh"]
 
 SHARDED = ("fsdp", "model_parallel")
@@ -68,7 +70,7 @@ def check_mesh(strategy: Any, mesh: Any, fsdp_min_bytes: int) -> MeshPlan | None
             does not use one, "model_parallel" without a mesh, "fsdp" with a mesh that has no "batch" axis, or
             a Keras distribution given together with a mesh.
     """
-    if not isinstance(strategy, str) and type(strategy).__module__.startswith("keras"):
+    if is_keras_distribution(strategy):
         return _given_distribution(strategy, mesh, fsdp_min_bytes)
     if strategy not in SHARDED:
         if mesh is not None:

@@ -10,7 +10,12 @@ from typing import Any
 
 import tensorflow as tf
 
-from ktrainer.backends.device_arguments import check_device_arguments, check_one_device, chosen_indices
+from ktrainer.backends.device_arguments import (
+    check_device_arguments,
+    check_one_device,
+    chosen_indices,
+    is_keras_distribution,
+)
 from ktrainer.backends.device_list import requested_indices
 
 __all__ = ["DevicePlan", "plan_devices"]
@@ -147,8 +152,7 @@ def refuse_sharding(strategy: Any, mesh: Any) -> None:
             KERAS_BACKEND=jax as the way.
     """
     named = strategy if isinstance(strategy, str) else type(strategy).__name__
-    keras_distribution = type(strategy).__module__.startswith("keras")
-    if strategy in ("fsdp", "model_parallel") or keras_distribution or mesh is not None:
+    if strategy in ("fsdp", "model_parallel") or is_keras_distribution(strategy) or mesh is not None:
         what = f"strategy={named!r}" if mesh is None else f"mesh={mesh!r}"
         raise ValueError(f"{what} shards the variables over a device mesh, which ktrainer does on the JAX backend "
                          "only: Keras's TensorFlow backend has no layout for its variables. Run with "
