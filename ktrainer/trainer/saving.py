@@ -25,7 +25,8 @@ _SAVES = itertools.count(1)  # with the run id, a save id no other save of this 
 
 def save_checkpoint_at(trainer: Trainer, filepath: str | os.PathLike,
                        storage_options: dict[str, Any]) -> str | None:
-    """Write the training state as one checkpoint at `filepath` (chief only) and wait for the commit.
+    """Write the training state as one checkpoint at `filepath` (the chief; with a state sharded over several
+    processes every process writes its slices, so every process must call it) and wait for the commit.
 
     Returns:
         Its URL; None outside the chief process.
@@ -46,9 +47,13 @@ def save_checkpoint_at(trainer: Trainer, filepath: str | os.PathLike,
                   "in at the end of fit), so a run resumed from this checkpoint continues from them, not from the "
                   "weights training ended with. For an exact resume, save during fit (from a callback), or use "
                   "the ModelCheckpoint's save_last checkpoint.")
-    if not trainer.is_global_zero:
+    sharded = trainer.engine.multi_process and trainer.engine.shards_state
+    if not trainer.is_global_zero and not sharded:
         return None
     manager = CheckpointManager()  # outside every retention: it keeps what it writes
     manager.open(directory, save_numbers=_SAVES)  # a new id each time: a second save to one path replaces the first
     manager.refuse_what_is_not_this_runs(name, trainer.run.lineage)
+    if sharded:  # every process writes its own slices, the chief commits (sharded_save.py)
+        url = manager.save(trainer, name, {"reason": "manual"})
+        return url if trainer.is_global_zero else None
     return manager.write(trainer, name, {"reason": "manual"}).url

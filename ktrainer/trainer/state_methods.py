@@ -110,8 +110,10 @@ class StateMethods:
                 checkpoint of this run there is replaced; one of another run, a folder of other files
                 and a `step-...` name (a ModelCheckpoint's) are refused. Only the chief process
                 writes and the others return at once: read it from them once the chief's call
-                returned (after fit, say). None: save through every ModelCheckpoint, as its own
-                saves (retention applies).
+                returned (after fit, say). A state sharded over several processes
+                (`strategy="fsdp"`/`"model_parallel"`) is written by all of them, each its own slices:
+                there every process must call it, at the same point. None: save through every
+                ModelCheckpoint, as its own saves (retention applies).
             storage_options: fsspec options for `filepath`; default: the Trainer's.
 
         Returns:

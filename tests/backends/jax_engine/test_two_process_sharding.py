@@ -107,6 +107,20 @@ def test_a_checkpoint_of_two_processes_resumes_exactly_in_one(two_processes, tar
         np.testing.assert_allclose(np.asarray(mine.value), theirs, atol=1e-6, rtol=0)
 
 
+def test_save_checkpoint_after_a_two_process_fit_writes_every_process_slices_and_resumes_exactly(two_processes,
+                                                                                                  tmp_path):
+    root, reports = two_processes
+    checkpoint = root / "fsdp-final"
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    assert any("-p00001." in file for file in manifest["slices"])  # process 1 wrote its own slices of it
+    module = TransformerBlock()
+    _, trainer = fit(module, tmp_path, steps=4, ckpt_path=str(checkpoint), devices=1, batch_size=GLOBAL_BATCH,
+                     enable_checkpointing=True)
+    assert trainer.global_step == 4  # resumed at the end: nothing left to train
+    for theirs, mine in zip(reports["fsdp"][0]["weights"], module.model.variables, strict=True):
+        np.testing.assert_array_equal(np.asarray(mine.value), np.asarray(theirs, np.float32))
+
+
 def test_a_process_killed_during_a_sharded_save_to_s3_leaves_last_on_the_previous_checkpoint(s3_bucket, tmp_path):
     """kill -9 of process 1 after it wrote its slices of step 4 and before the chief committed: no manifest of step 4
     exists, "last" is step 2, and resuming from it (in one process) ends where a run that never stopped ends."""

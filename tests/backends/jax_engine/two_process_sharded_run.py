@@ -5,6 +5,7 @@
 
 Three fits, into ROOT/fsdp (mesh batch=8), ROOT/model_parallel (mesh batch=1 x model=8: each process holds
 its own columns of each kernel) and ROOT/model_parallel_2x4 (batch=2 x model=4: each process one replica).
+The fsdp run also saves ROOT/fsdp-final with `trainer.save_checkpoint` after its fit.
 Each prints `RESULT {json}`: the strategy, this process's index, the step, the losses and the whole weights
 (gathered from both processes, for the comparison only).
 """
@@ -31,6 +32,8 @@ for strategy, (layout, arguments) in RUNS.items():
     module = TransformerBlock(layout)
     losses, trainer = fit(module, f"{sys.argv[1]}/{strategy}", steps=4, enable_checkpointing=True, devices=4,
                           **arguments)
+    if strategy == "fsdp":  # a save outside fit: every process writes its slices, the chief commits
+        trainer.save_checkpoint(f"{sys.argv[1]}/fsdp-final")
     weights = [np.asarray(multihost_utils.process_allgather(v.value, tiled=True)).tolist()
                for v in module.model.variables]
     print("RESULT", json.dumps({"strategy": strategy, "process": trainer.engine.process_index,
