@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ktrainer.checkpoint.checksum import ALGORITHM, Checksum
@@ -42,34 +40,13 @@ from ktrainer.checkpoint.format import (
     step_of,
 )
 from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo, FileSource, OnCommit
+from ktrainer.checkpoint.slices import ranged_files
+from ktrainer.checkpoint.workers import io_workers
 from ktrainer.utils.fs import Location
 
-__all__ = ["FsspecCheckpointIO"]
+__all__ = ["FsspecCheckpointIO", "RangedFile"]
 
 log = logging.getLogger("ktrainer")
-
-_MAX_WORKERS = 4
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _workers() -> ThreadPoolExecutor:
-    """The threads that write and read a checkpoint's files in parallel, started once per process (starting
-    threads for every save cost more than writing a small model's checkpoint)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(_MAX_WORKERS, thread_name_prefix="ktrainer-io")
-        return _pool
-
-
-def _forget_pool_after_fork() -> None:
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()  # a forked child has none of the parent's threads
-
-
-os.register_at_fork(after_in_child=_forget_pool_after_fork)
-
 
 class FsspecCheckpointIO:
     """A directory of checkpoints on a local disk, memory://, s3://, gs://, ... (any fsspec URL).
@@ -195,7 +172,7 @@ class FsspecCheckpointIO:
             written.append(file_name)
             return self._write_file(path, file_name, files[file_name])
 
-        futures = [_workers().submit(write_one, file_name) for file_name in files]
+        futures = [io_workers().submit(write_one, file_name) for file_name in files]
         entries, first_error = [], None
         for future in futures:
             try:
@@ -271,8 +248,12 @@ class FsspecCheckpointIO:
 
     # ----- read, list, delete -----------------------------------------------------------------
 
-    def read(self, name: str) -> tuple[CheckpointInfo, dict[str, bytes]]:
+    def read(self, name: str) -> tuple[CheckpointInfo, dict[str, bytes | RangedFile]]:
         """Read a checkpoint's files, checking every size and checksum before returning anything.
+
+        The files that hold only slices of sharded variables, each with its own checksum in the manifest
+        (`slices.ranged_files`), are not read here: they come back as `RangedFile`, and a restore reads only
+        the slices it needs, each checked against its checksum as it is read.
 
         Raises:
             CheckpointError: When it is missing, incomplete, corrupt, unreadable or of a newer format.
@@ -281,8 +262,11 @@ class FsspecCheckpointIO:
         if not info.valid:
             raise CheckpointError(_invalid_message(info))
         directory = f"{self.root}/{name}"
+        ranged = ranged_files(info.manifest.fields)
 
-        def read_one(entry: FileEntry) -> bytes:
+        def read_one(entry: FileEntry) -> bytes | RangedFile:
+            if entry.name in ranged:
+                return RangedFile(self.fs, f"{directory}/{entry.name}", f"{info.url}/{entry.name}", entry.size)
             try:
                 data = self.fs.cat_file(f"{directory}/{entry.name}")
             except OSError as error:
@@ -296,7 +280,7 @@ class FsspecCheckpointIO:
             return data
 
         entries = info.manifest.files
-        contents = list(_workers().map(read_one, entries))
+        contents = list(io_workers().map(read_one, entries))
         checked = CheckpointInfo(info.url, True, "", info.manifest, checksums_checked=True, symlink=info.symlink)
         return checked, {entry.name: data for entry, data in zip(entries, contents, strict=True)}
 
@@ -429,6 +413,39 @@ class FsspecCheckpointIO:
 
     def _url(self, name: str) -> str:
         return f"{self.url}/{name}"
+
+
+class RangedFile:
+    """A checkpoint file read a byte range at a time (its size checked against the manifest already).
+
+    Args:
+        fs: Its filesystem.
+        path: Its path there.
+        url: Its URL, for messages.
+        size: Its size.
+    """
+
+    def __init__(self, fs: Any, path: str, url: str, size: int) -> None:
+        self.fs, self.path, self.url, self.size = fs, path, url, size
+
+    def read(self, offset: int, nbytes: int) -> bytes:
+        """The `nbytes` bytes from `offset`.
+
+        Raises:
+            CheckpointError: When the range is not in the file, or the storage fails or returns fewer bytes.
+        """
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.size:
+            raise CheckpointError(f"{self.url}: bytes {offset}..{offset + nbytes} are outside its {self.size} bytes "
+                                  "(the manifest's slices field is damaged).")
+        if not nbytes:
+            return b""
+        try:
+            data = self.fs.cat_file(self.path, start=offset, end=offset + nbytes)
+        except OSError as error:
+            raise CheckpointError(f"{self.url} could not be read: {error!r}.") from error
+        if len(data) != nbytes:
+            raise CheckpointError(f"{self.url}: {len(data)} bytes at {offset}, {nbytes} expected (truncated).")
+        return data
 
 
 def _save_failed(url: str, error: BaseException) -> CheckpointError:

@@ -19,6 +19,7 @@ from ktrainer.checkpoint.format import MANIFEST
 from ktrainer.checkpoint.format1 import upgrade
 from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
 from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
+from ktrainer.checkpoint.slices import ranged_files
 from ktrainer.checkpoint.snapshot import from_files
 from ktrainer.checkpoint.variables import assign_all, mismatches, refuse_mismatches
 from ktrainer.utils.fs import Location
@@ -110,7 +111,8 @@ def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: d
         except CheckpointError as error:
             raise CheckpointError(f"{error}{_in_checkpoint_dir(ckpt_path, checkpoint_dir)}") from None
     try:
-        state, _ = upgrade(files) if info.manifest.format_version == 1 else from_files(files)
+        state, _ = upgrade(files) if info.manifest.format_version == 1 else \
+            from_files(files, ranged_files(info.manifest.fields))
     except (ValueError, KeyError) as error:
         raise CheckpointError(f"{info.url} cannot be read: {error}.") from None
     return Resumable(info, state, directory.join(info.name).canonical_url)

@@ -13,6 +13,10 @@ back, a reference becomes `SavedSlices`, which gives any region of the whole arr
 overlap it: a run on another mesh asks for the regions its own devices hold, and an unsharded run (one
 device, TensorFlow) for the whole array.
 
+Slices live in files of their own (`model-00000-p00001...`), and the manifest records each one's byte range
+and checksum there, so a restore never reads such a file whole: each slice is a `StoredSlice`, read by
+its byte range and checked against its own checksum only when a region overlapping it is asked for.
+
 Everything here is duck-typed on `sharding`, `addressable_shards` and `devices_indices_map`, so the
 checkpoint code imports no framework.
 """
@@ -20,13 +24,19 @@ checkpoint code imports no framework.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Sliced", "SavedSlices", "sliced_of", "SLICED", "Region"]
+from ktrainer.checkpoint.checksum import ALGORITHM, Checksum
+from ktrainer.checkpoint.io import CheckpointError
+from ktrainer.checkpoint.workers import io_workers
+
+__all__ = ["Sliced", "SavedSlices", "StoredSlice", "sliced_of", "ranged_files", "SLICED", "Region"]
 
 SLICED = "__sliced__"
 Region = tuple[tuple[int, int], ...]  # [start, stop) per dimension
@@ -71,10 +81,71 @@ def sliced_of(value: Any) -> Sliced | None:
     return Sliced(shape, np.dtype(getattr(array.dtype, "name", array.dtype)).name, list(owners), parts)
 
 
+def _overlaps(one: Region, other: Region) -> bool:
+    """True when two regions share a value."""
+    return all(max(a, c) < min(b, d) for (a, b), (c, d) in zip(one, other, strict=True))
+
+
 def _region(index: Sequence[slice], shape: tuple[int, ...]) -> Region:
     """A shard's index (slices, `slice(None)` for a whole dimension) as [start, stop) per dimension."""
     return tuple((part.start or 0, size if part.stop is None else part.stop)
                  for part, size in zip(index, shape, strict=True))
+
+
+_SLICE_FILE = re.compile(r"[a-z_]+-[0-9]{5}-p[0-9]{5}\..+\.tensors")
+
+
+def ranged_files(fields: dict[str, Any]) -> dict[str, list]:
+    """The files of a manifest (its `fields`) that a restore reads slice by slice: files of slices only, each
+    slice listed in the `slices` field with its byte range and checksum. {file name: its entries}."""
+    listed = fields.get("slices")
+    if not isinstance(listed, dict):
+        return {}
+    return {name: entries for name, entries in listed.items()
+            if _SLICE_FILE.fullmatch(name) and isinstance(entries, list) and all(map(_located, entries))}
+
+
+def _located(entry: Any) -> bool:
+    """True for a manifest slice entry [tensor, shape, dtype, region, {offset, nbytes, crc32c}]."""
+    where = entry[4] if isinstance(entry, list) and len(entry) == 5 and isinstance(entry[4], dict) else {}
+    counts = [where.get("offset"), where.get("nbytes")]
+    return all(isinstance(count, int) and not isinstance(count, bool) for count in counts) \
+        and isinstance(where.get(ALGORITHM), str)
+
+
+class StoredSlice:
+    """One slice in a checkpoint file, read (by its byte range) and checked only when `load` is called.
+
+    Args:
+        file: The file (`fsspec_io.RangedFile`: `read(offset, nbytes)` and `url`).
+        name: The tensor's section + key, for messages.
+        shape: The slice's shape.
+        dtype: Its dtype.
+        where: Its manifest entry's place: {"offset", "nbytes", "crc32c"}.
+
+    Raises:
+        CheckpointError: When its byte count does not fit its shape and dtype.
+    """
+
+    def __init__(self, file: Any, name: str, shape: tuple[int, ...], dtype: np.dtype, where: dict[str, Any]) -> None:
+        self.file, self.name, self.shape, self.dtype = file, name, tuple(shape), np.dtype(dtype).newbyteorder("<")
+        self.offset, self.nbytes, self.checksum = where["offset"], where["nbytes"], where[ALGORITHM]
+        if self.nbytes != math.prod(self.shape) * self.dtype.itemsize:
+            raise CheckpointError(f"{file.url}: slice {name} is listed with {self.nbytes} bytes for shape {self.shape} "
+                                  f"of {self.dtype} (the manifest's slices field is damaged).")
+
+    def load(self) -> np.ndarray:
+        """Its values (read-only), read now.
+
+        Raises:
+            CheckpointError: When they cannot be read or do not match the checksum (corrupt).
+        """
+        data = self.file.read(self.offset, self.nbytes)
+        if Checksum.of(data) != self.checksum:
+            raise CheckpointError(f"{self.file.url}: slice {self.name} does not match its {ALGORITHM} checksum "
+                                  "(corrupt); nothing after it was loaded. Resume from an earlier checkpoint "
+                                  "(`ktrainer ckpt ls` lists them).")
+        return np.frombuffer(data, dtype=self.dtype).reshape(self.shape)
 
 
 class SavedSlices:
@@ -83,7 +154,7 @@ class SavedSlices:
     Args:
         shape: The whole variable's shape.
         dtype: Its dtype.
-        parts: (region, values) of every slice saved.
+        parts: (region, values) of every slice saved: an array, or a `StoredSlice` read when it is needed.
 
     Raises:
         ValueError: When the slices do not cover the whole variable exactly once, or one's values do not
@@ -105,6 +176,36 @@ class SavedSlices:
         if covered != math.prod(self.shape):
             raise ValueError(f"the saved slices cover {covered} of the {math.prod(self.shape)} values of a variable "
                              f"of shape {self.shape}")
+        self._loaded: dict[int, np.ndarray] | None = None
+
+    @contextmanager
+    def kept(self, regions: Sequence[Sequence[slice]] = ()) -> Iterator[SavedSlices]:
+        """Within it, each stored slice read is kept, so regions that overlap the same slice read it once (a
+        variable placed on several devices); they are dropped at its end.
+
+        Args:
+            regions: The regions that will be asked for (a slice per dimension each): the stored slices they
+                overlap are read now, in parallel.
+        """
+        wanted = [_region(index, self.shape) for index in regions]
+        needed = [number for number, (region, values) in enumerate(self.parts)
+                  if isinstance(values, StoredSlice) and any(_overlaps(region, other) for other in wanted)]
+        self._loaded = dict(zip(needed, io_workers().map(lambda number: self.parts[number][1].load(), needed),
+                                strict=True))
+        try:
+            yield self
+        finally:
+            self._loaded = None
+
+    def _values(self, number: int) -> np.ndarray:
+        values = self.parts[number][1]
+        if not isinstance(values, StoredSlice):
+            return values
+        if self._loaded is None:
+            return values.load()
+        if number not in self._loaded:
+            self._loaded[number] = values.load()
+        return self._loaded[number]
 
     @property
     def ndim(self) -> int:
@@ -115,17 +216,17 @@ class SavedSlices:
         """The values of one region (`index`: a slice per dimension, as JAX gives a device's; None: all): a
         read-only view of a saved slice when the region is one, else a new array put together."""
         wanted = _region(index, self.shape) if index is not None else tuple((0, size) for size in self.shape)
-        for region, values in self.parts:
+        for number, (region, _) in enumerate(self.parts):
             if region == wanted:  # the same layout as saved: the slice itself, no copy
-                return values
+                return self._values(number)
         out = np.empty(tuple(stop - start for start, stop in wanted), self.dtype)
-        for region, values in self.parts:
+        for number, (region, _) in enumerate(self.parts):
+            if not _overlaps(region, wanted):
+                continue  # not read at all: a slice this region does not touch
             overlap = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(region, wanted, strict=True))
-            if any(start >= stop for start, stop in overlap):
-                continue
             source = tuple(slice(s - r[0], e - r[0]) for (s, e), r in zip(overlap, region, strict=True))
             target = tuple(slice(s - w[0], e - w[0]) for (s, e), w in zip(overlap, wanted, strict=True))
-            out[target] = values[source]
+            out[target] = self._values(number)[source]
         return out
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ktrainer.checkpoint.format import data_file_name, split_data_file_name
-from ktrainer.checkpoint.slices import SLICED, SavedSlices, sliced_of
+from ktrainer.checkpoint.slices import SLICED, SavedSlices, StoredSlice, sliced_of
 from ktrainer.checkpoint.tensors import TensorFile, dtype_from_name, nbytes_of, read_tensors
 
 __all__ = ["to_files", "from_files", "freeze", "is_array", "slice_index", "SHARD_BYTES", "STATE_FILE"]
@@ -69,8 +69,9 @@ def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] 
         save_id: The save's id, carried by every file name.
         extra_json: Other JSON files by base name (e.g. {"model_config": {...}}).
         read: Turns a stored value into a numpy array when its shard is written.
-        process: 0 (the chief): every file. Another process of a sharded run: only the tensor files of the
-            slices its devices own (`model-00000-p00001...`); the chief writes everything else.
+        process: This process's number. The slices of sharded variables its devices own go to files of their
+            own (`model-00000-p00001...`, read back by byte range); process 0 (the chief) writes every other file
+            too, another process only its slices' files.
 
     Raises:
         ValueError: For a section or extra file name that is not lowercase letters and "_" (or is
@@ -84,13 +85,15 @@ def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] 
             raise ValueError(f"state section {section!r} must be lowercase letters and '_'")
         tree[section] = _with_references(value, section, "", sections, sliced_keys)
     files: dict[str, Any] = {}
-    suffix = f"-p{process:05d}" if process else ""
     for section, arrays in sections.items():
-        if process:
-            arrays = {key: value for key, value in arrays.items() if key in sliced_keys}
-        for number, shard in enumerate(_shards(arrays) if arrays else []):
-            held = [[f"{section}{key}", *sliced_keys[key]] for key in shard if key in sliced_keys]
-            files[data_file_name(f"{section}-{number:05d}{suffix}", save_id, "tensors")] = TensorFile(shard, read, held)
+        whole = {key: value for key, value in arrays.items() if key not in sliced_keys} if not process else {}
+        for number, shard in enumerate(_shards(whole) if whole else []):
+            files[data_file_name(f"{section}-{number:05d}", save_id, "tensors")] = TensorFile(shard, read)
+        sliced = {key: value for key, value in arrays.items() if key in sliced_keys}
+        for number, shard in enumerate(_shards(sliced) if sliced else []):
+            held = {key: [f"{section}{key}", *sliced_keys[key]] for key in shard}
+            files[data_file_name(f"{section}-{number:05d}-p{process:05d}", save_id, "tensors")] = \
+                TensorFile(shard, read, held)
     if process:
         return files
     files[data_file_name(STATE_FILE, save_id, "json")] = json.dumps(tree, sort_keys=True).encode()
@@ -147,8 +150,13 @@ def _extra_json_files(extra_json: dict[str, Any], save_id: str) -> dict[str, byt
     return files
 
 
-def from_files(files: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, Any]]:
+def from_files(files: dict[str, Any], ranged: dict[str, list] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Parse the files `to_files` wrote.
+
+    Args:
+        files: File name -> its bytes, or (a file of slices, `ranged`) a file read by byte range.
+        ranged: The manifest's entries of the files read by range (`slices.ranged_files`): their slices
+            become `StoredSlice`s, read only when a region needs them.
 
     Returns:
         (state, extra_json): the state with numpy arrays (read-only views of the file bytes) in
@@ -157,11 +165,17 @@ def from_files(files: dict[str, bytes]) -> tuple[dict[str, Any], dict[str, Any]]
     Raises:
         ValueError: When a file is malformed or a referenced tensor is missing.
     """
-    tensors: dict[str, dict[str, np.ndarray]] = {}
+    tensors: dict[str, dict[str, Any]] = {}
     documents: dict[str, Any] = {}
     for name in sorted(files):
         base, extension = split_data_file_name(name) or ("", "")
-        if extension == "tensors" and "-" in base:
+        if extension == "tensors" and "-" in base and name in (ranged or {}):
+            for tensor, _, dtype, region, where in ranged[name]:
+                section, _, key = str(tensor).partition("/")
+                shape = tuple(int(stop) - int(start) for start, stop in region)
+                tensors.setdefault(section, {})[f"/{key}"] = StoredSlice(files[name], tensor, shape,
+                                                                         dtype_from_name(str(dtype)), where)
+        elif extension == "tensors" and "-" in base:
             tensors.setdefault(base.split("-", 1)[0], {}).update(read_tensors(files[name]))
         elif extension == "json" and "-" not in base:
             documents[base] = json.loads(files[name])

@@ -18,6 +18,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from ktrainer.checkpoint.checksum import ALGORITHM, Checksum
+
 __all__ = ["TensorFile", "read_tensors", "dtype_from_name", "nbytes_of"]
 
 _LENGTH = struct.Struct("<Q")
@@ -60,13 +62,15 @@ class TensorFile:
         arrays: name -> numpy array, or anything with `shape` and `dtype` that `read` turns into
             one (a live variable: it is read when the file is written, one at a time).
         read: Turns a value into a numpy array; default `np.asarray`.
-        slices: Which slices of sharded variables it holds, as the manifest records them (snapshot.py).
+        slices: Array name -> which slice of a sharded variable it is, as the manifest records it (snapshot.py).
+            `slices` lists these entries, each with its place in the file added (`{"offset", "nbytes"}` from the
+            file's start) and, once the file is written, its own checksum: a restore reads and checks one slice
+            by its byte range alone.
     """
 
     def __init__(self, arrays: dict[str, Any], read: Callable[[Any], np.ndarray] | None = None,
-                 slices: list | None = None) -> None:
+                 slices: dict[str, list] | None = None) -> None:
         self.arrays = arrays
-        self.slices = slices or []
         self._read = read or np.asarray
         self._index, offset = {}, 0
         for name, value in arrays.items():
@@ -77,6 +81,10 @@ class TensorFile:
             offset += nbytes
         self._header = json.dumps(self._index).encode()
         self.nbytes = _LENGTH.size + len(self._header) + offset
+        start = _LENGTH.size + len(self._header)
+        self._located = {name: {"offset": start + self._index[name]["offset"], "nbytes": self._index[name]["nbytes"]}
+                         for name in slices or {}}
+        self.slices = [[*entry, self._located[name]] for name, entry in (slices or {}).items()]
 
     def chunks(self) -> Iterator[Any]:
         """The file's bytes as a sequence of buffers (the header, then each array's own memory)."""
@@ -89,8 +97,11 @@ class TensorFile:
                 array = array.astype(dtype)
             if array.nbytes != entry["nbytes"]:
                 raise ValueError(f"{name!r} changed size while being written")
+            view = memoryview(array.reshape(-1).view(np.uint8))  # as bytes: also for dtypes buffers refuse
+            if name in self._located:
+                self._located[name][ALGORITHM] = Checksum.of(view)
             if array.nbytes:
-                yield memoryview(array.reshape(-1).view(np.uint8))  # as bytes: also for dtypes buffers refuse
+                yield view
 
 
 def read_tensors(data: Any) -> dict[str, np.ndarray]:

@@ -172,6 +172,7 @@ def run_export(args: argparse.Namespace) -> int:
     import keras
     import numpy as np
 
+    from ktrainer.checkpoint.slices import ranged_files
     from ktrainer.checkpoint.snapshot import from_files
     from ktrainer.compat.keras_internals import tensorflow_left_alone
     from ktrainer.utils.fs import Location
@@ -182,8 +183,8 @@ def run_export(args: argparse.Namespace) -> int:
         if not valid:
             raise CheckpointError(f"No valid checkpoint at {args.uri}.")
         names = [max(valid, key=lambda c: (c.committed, c.step)).name]
-    _, files = io.read(names[0])
-    state, extra = from_files(files)
+    info, files = io.read(names[0])
+    state, extra = from_files(files, ranged_files(info.manifest.fields))
     config = extra.get("model_config")
     if config is None:
         raise ValueError(f"{args.uri} holds no model config (a subclassed model without get_config); export it "

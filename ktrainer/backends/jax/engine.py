@@ -34,6 +34,9 @@ from ktrainer.compat.keras_internals import layout_map_of
 from ktrainer.module import module_runtime
 from ktrainer.step.hooks import call_step_hook, traced_batch_index
 from ktrainer.step.outputs import CLOCK, STOP, EvalStep
+from ktrainer.utils.memory import return_freed_memory
+
+_TRIM_BYTES = 256 * 2**20  # a restore returns the memory it freed this often (each return costs ~15 ms per GB)
 
 __all__ = ["JaxEngine", "compute_capability", "shape_spec", "to_host"]
 
@@ -53,6 +56,7 @@ class JaxEngine(Engine):
         self._step: JaxTrainStep | None = None
         self._stop_requested = False
         self._clock_seconds = 0.0  # this process's clock for the next execution (the chief's is agreed on)
+        self._replaced_bytes = 0  # of variables on CPU devices replaced by a restore since memory was returned
 
     def start(self) -> None:
         """Make the distribution over the plan's devices (once); a sharded one waits for the module
@@ -317,8 +321,15 @@ class JaxEngine(Engine):
             variable.assign(np.asarray(saved))
             return
         dtype = np.dtype(getattr(variable.dtype, "name", variable.dtype))
-        variable.assign(jax.make_array_from_callback(tuple(variable.shape), sharding,
-                                                     lambda index: saved.region(index).astype(dtype, copy=False)))
+        regions = list(sharding.addressable_devices_indices_map(tuple(variable.shape)).values())
+        with saved.kept(regions):  # this process's slices read at once, in parallel; each only once
+            variable.assign(jax.make_array_from_callback(tuple(variable.shape), sharding,
+                                                         lambda index: saved.region(index).astype(dtype, copy=False)))
+        if any(device.platform == "cpu" for device in sharding.device_set):
+            self._replaced_bytes += int(variable.value.nbytes)
+            if self._replaced_bytes >= _TRIM_BYTES:  # the replaced buffers, freed by XLA's threads: else they all
+                return_freed_memory()                 # stay resident, and the restore's peak is two states
+                self._replaced_bytes = 0
 
     def reload(self) -> None:
         """Drop the live state: the next step reads the (just assigned) variables."""

@@ -12,6 +12,7 @@ import json
 import numpy as np
 import pytest
 
+from ktrainer.checkpoint.checksum import Checksum
 from ktrainer.checkpoint.slices import SLICED
 from ktrainer.checkpoint.tensors import read_tensors
 from tests.backends.jax_engine.sharded_block import GLOBAL_BATCH, MODEL_LAYOUT, TransformerBlock, fit
@@ -55,13 +56,16 @@ def test_each_distinct_slice_is_written_once_with_its_place_in_the_whole(saved_o
     manifest = json.loads((checkpoint / "manifest.json").read_text())
     assert {entry["name"] for entry in manifest["files"]} == {p.name for p in checkpoint.iterdir()} - {"manifest.json"}
     # The manifest alone says which file holds which slice of which variable (a tool reads no state file).
-    held = {tensor: (file, shape, dtype, region) for file, entries in manifest["slices"].items()
-            for tensor, shape, dtype, region in entries}
+    held = {tensor: (file, shape, dtype, region, where) for file, entries in manifest["slices"].items()
+            for tensor, shape, dtype, region, where in entries}
     assert set(manifest["slices"]) <= {entry["name"] for entry in manifest["files"]}
     for section, key, region in kernel["parts"]:
-        file, shape, dtype, saved_region = held[f"{section}{key}"]
+        file, shape, dtype, saved_region, where = held[f"{section}{key}"]
         assert (shape, dtype, saved_region) == ([32, 64], "float32", region)
-        assert key in read_tensors((checkpoint / file).read_bytes())
+        # Its byte range in its file, and that range's own checksum: a restore reads and checks the slice alone.
+        data = (checkpoint / file).read_bytes()
+        assert data[where["offset"]:where["offset"] + where["nbytes"]] == read_tensors(data)[key].tobytes()
+        assert Checksum.of(data[where["offset"]:where["offset"] + where["nbytes"]]) == where["crc32c"]
 
 
 @pytest.mark.parametrize("target", list(MESHES))
