@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ktrainer.checkpoint.io import CheckpointError
 from ktrainer.checkpoint.variables import assign_all, keyed, mismatches, refuse_mismatches
 from ktrainer.step.metrics import metric_objects
 from ktrainer.trainer.random_state import capture_random_state, restore_random_state
@@ -63,8 +64,8 @@ def load_trainer_state_dict(trainer: Trainer, module: Module, train_step: Any, s
     if trainer.is_global_zero:
         check_keys("loggers", saved["loggers"], components["loggers"])
 
-    assign_all(state["model"], module.model.variables, trainer.engine.place_slices)
-    assign_all(state["optimizer"], optimizer_variables(trainer.optimizers), trainer.engine.place_slices)
+    _assign_in_every_process(trainer, [(state["model"], module.model.variables),
+                                       (state["optimizer"], optimizer_variables(trainer.optimizers))])
     train_step.load_state_dict(state.get("accumulation", {}))
     trainer.progress.load_state_dict(progress)
     for section, present in components.items():
@@ -85,3 +86,24 @@ def load_trainer_state_dict(trainer: Trainer, module: Module, train_step: Any, s
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v if isinstance(v, bool | int | float | str | type(None)) else str(v) for k, v in values.items()}
+
+
+def _assign_in_every_process(trainer: Trainer, pairs: list[tuple[dict[str, Any], list[Any]]]) -> None:
+    """Assign each (saved arrays, variables) pair; every process learns whether any failed, so all raise.
+
+    A sharded checkpoint's slices are read and checked while they are placed, each process its own: one
+    process can find a corrupt slice the others never read, and had it raised alone they would wait for it
+    in their next collective forever.
+
+    Raises:
+        CheckpointError: In every process, when one failed to read its slices.
+    """
+    failure = ""
+    try:
+        for saved, variables in pairs:
+            assign_all(saved, variables, trainer.engine.place_slices)
+    except CheckpointError as error:
+        failure = str(error)
+    failures = [each for each in trainer.engine.gather_json(failure) if each]
+    if failures:
+        raise CheckpointError(failures[0])

@@ -80,6 +80,26 @@ def test_a_checkpoint_of_a_2_by_4_mesh_resumes_exactly_on_another(saved_on_2_by_
         np.testing.assert_allclose(resumed, stayed, atol=1e-6, rtol=0)
 
 
+def test_a_corrupt_slice_stops_the_resume_naming_it_and_what_to_do(saved_on_2_by_4, tmp_path):
+    import shutil
+
+    from ktrainer.checkpoint.io import CheckpointError
+
+    checkpoint = tmp_path / "copy"
+    shutil.copytree(saved_on_2_by_4[0], checkpoint)
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    file, entries = next(iter(manifest["slices"].items()))
+    tensor, *_, where = entries[-1]
+    data = bytearray((checkpoint / file).read_bytes())
+    data[where["offset"]] ^= 0x10  # one bit of one slice; every size stays right
+    (checkpoint / file).write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"slice {tensor} does not match its crc32c checksum \(corrupt\).*"
+                                              r"Resume from an earlier checkpoint"):
+        fit(TransformerBlock(), tmp_path / "run", steps=4, ckpt_path=str(checkpoint), enable_checkpointing=True,
+            **MESHES["fsdp on 8"])
+    assert not (tmp_path / "run" / "checkpoints").exists()  # it stopped before training: nothing was saved
+
+
 def test_ckpt_export_writes_a_keras_file_of_a_sharded_checkpoint_one_variable_at_a_time(saved_on_2_by_4, tmp_path,
                                                                                          monkeypatch):
     import keras
