@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["FORMAT_VERSION", "READABLE_VERSIONS", "MANIFEST", "ManifestError", "Manifest", "FileEntry",
-           "checkpoint_name", "step_of", "data_file_name", "split_data_file_name", "is_own_file", "run_id_of_file",
-           "parse_manifest", "encode_manifest", "self_checksum", "SELF_CHECKSUM"]
+           "checkpoint_name", "step_of", "data_file_name", "split_data_file_name", "is_slice_file", "is_own_file",
+           "run_id_of_file", "parse_manifest", "encode_manifest", "self_checksum", "SELF_CHECKSUM"]
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -83,6 +83,15 @@ def split_data_file_name(name: str) -> tuple[str, str] | None:
     """(base, extension) of a data file's name, with or without a save id: ("model-00000", "tensors")."""
     match = _DATA_FILE.fullmatch(name)
     return (match.group("base"), match.group("extension")) if match else None
+
+
+def is_slice_file(name: str) -> bool:
+    """True for a tensor file of one process's slices of sharded variables (`model-00000-p00001.<save>.tensors`)."""
+    parts = split_data_file_name(name)
+    return parts is not None and parts[1] == "tensors" and _SLICES_BASE.search(parts[0]) is not None
+
+
+_SLICES_BASE = re.compile(r"-[0-9]{5}-p[0-9]{5}$")
 
 
 def is_own_file(name: str) -> bool:

@@ -24,7 +24,6 @@ checkpoint code imports no framework.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ktrainer.checkpoint.checksum import ALGORITHM, Checksum
+from ktrainer.checkpoint.format import is_slice_file
 from ktrainer.checkpoint.io import CheckpointError
 from ktrainer.checkpoint.workers import io_workers
 
@@ -92,9 +92,6 @@ def _region(index: Sequence[slice], shape: tuple[int, ...]) -> Region:
                  for part, size in zip(index, shape, strict=True))
 
 
-_SLICE_FILE = re.compile(r"[a-z_]+-[0-9]{5}-p[0-9]{5}\..+\.tensors")
-
-
 def ranged_files(fields: dict[str, Any]) -> dict[str, list]:
     """The files of a manifest (its `fields`) that a restore reads slice by slice: files of slices only, each
     slice listed in the `slices` field with its byte range and checksum. {file name: its entries}."""
@@ -102,7 +99,7 @@ def ranged_files(fields: dict[str, Any]) -> dict[str, list]:
     if not isinstance(listed, dict):
         return {}
     return {name: entries for name, entries in listed.items()
-            if _SLICE_FILE.fullmatch(name) and isinstance(entries, list) and all(map(_located, entries))}
+            if is_slice_file(name) and isinstance(entries, list) and all(map(_located, entries))}
 
 
 def _located(entry: Any) -> bool:
