@@ -164,19 +164,16 @@ def from_files(files: dict[str, Any], ranged: dict[str, list] | None = None) -> 
 
     Raises:
         ValueError: When a file is malformed or a referenced tensor is missing.
+        CheckpointError: When a slice's listed byte count does not fit its shape and dtype.
     """
     tensors: dict[str, dict[str, Any]] = {}
     documents: dict[str, Any] = {}
+    ranged = ranged or {}
     for name in sorted(files):
         base, extension = split_data_file_name(name) or ("", "")
-        if extension == "tensors" and "-" in base and name in (ranged or {}):
-            for tensor, _, dtype, region, where in ranged[name]:
-                section, _, key = str(tensor).partition("/")
-                shape = tuple(int(stop) - int(start) for start, stop in region)
-                tensors.setdefault(section, {})[f"/{key}"] = StoredSlice(files[name], tensor, shape,
-                                                                         dtype_from_name(str(dtype)), where)
-        elif extension == "tensors" and "-" in base:
-            tensors.setdefault(base.split("-", 1)[0], {}).update(read_tensors(files[name]))
+        if extension == "tensors" and "-" in base:
+            tensors.setdefault(base.split("-", 1)[0], {}).update(
+                _stored_slices(files[name], ranged[name]) if name in ranged else read_tensors(files[name]))
         elif extension == "json" and "-" not in base:
             documents[base] = json.loads(files[name])
     if STATE_FILE not in documents:
@@ -192,9 +189,20 @@ def from_files(files: dict[str, Any], ranged: dict[str, list] | None = None) -> 
     return state, documents
 
 
+def _stored_slices(file: Any, entries: list) -> dict[str, StoredSlice]:
+    """The slices a file read by byte range holds (its manifest entries), by key, none read yet."""
+    slices = {}
+    for tensor, _, dtype, region, where in entries:
+        key = "/" + str(tensor).partition("/")[2]
+        shape = tuple(int(stop) - int(start) for start, stop in region)
+        slices[key] = StoredSlice(file, tensor, shape, dtype_from_name(str(dtype)), where)
+    return slices
+
+
 def slice_index(files: dict[str, Any]) -> dict[str, list]:
     """Which slices of sharded variables each tensor file of `files` holds, as the manifest's `slices` field
-    records them: {file name: [[section + key, the whole variable's shape, dtype, [[start, stop], ...]], ...]}."""
+    records them: {file name: [[section + key, the whole variable's shape, dtype, [[start, stop], ...],
+    {"offset", "nbytes", "crc32c"}], ...]} (each checksum is there once the file is written)."""
     return {name: content.slices for name, content in files.items() if getattr(content, "slices", None)}
 
 
