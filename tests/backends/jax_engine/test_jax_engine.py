@@ -1,18 +1,21 @@
-"""The JAX engine keeps the TensorFlow engine's promises, in processes that refuse to import TensorFlow.
+"""The JAX engine keeps the TensorFlow engine's promises, in the JAX session (a process that refuses TensorFlow).
 
-All legs run in one JAX process (4 virtual CPU devices), once per module; each test asserts one promise.
+All legs run once per module, in this process (8 virtual CPU devices); each test asserts one promise. That
+TensorBoard gets the same tags and steps on both engines is tests/backends/test_cross_backend.py's to show.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
 
 from tests.backends.leg_run import leg
-from tests.backends.runs import jax_legs, max_difference
-from tests.helpers import read_scalars
+from tests.backends.runs import max_difference
+
+pytestmark = pytest.mark.jax_only
 
 LEGS = {
     "straight": {"root": "straight", "max_epochs": 2},
@@ -25,7 +28,6 @@ LEGS = {
     "fp16": {"root": "fp16", "max_epochs": 2, "precision": "16-mixed"},
     "bf16": {"root": "bf16", "max_epochs": 2, "precision": "bf16-mixed"},
     "accumulated": {"root": "accumulated", "max_epochs": 2, "accumulate": 5, "clip": 0.5},
-    "logged": {"root": "logged", "max_steps": 6, "logger": True},
 }
 TRAINABLE = [0, 1, 2, 3, 6, 7]  # get_weights() order: kernel, bias, gamma, beta, moving mean/variance, kernel, bias
 
@@ -41,13 +43,15 @@ def runs(tmp_path_factory, s3_server):
     s3fs.S3FileSystem(**options).mkdir(bucket)
     legs["s3_first"] = {"root": f"s3://{bucket}/run", "max_steps": 10, "storage_options": options}
     legs["s3_second"] = {"root": f"s3://{bucket}/run", "max_epochs": 2, "ckpt": "last", "storage_options": options}
-    results = jax_legs(list(legs.values()), cwd)
-    return {**dict(zip(legs, results, strict=True)), "cwd": cwd}
+    results = {name: leg({**arguments, "root": arguments["root"] if "://" in arguments["root"]
+                          else str(cwd / arguments["root"])}) for name, arguments in legs.items()}
+    return {**results, "cwd": cwd}
 
 
 def test_a_jax_run_never_imports_tensorflow(runs):
+    # This session's import system refuses TensorFlow (no_tensorflow.py): a run that tried would have failed.
     assert all(not result["tensorflow_imported"] for name, result in runs.items() if name != "cwd")
-    assert runs["straight"]["backend"] == "jax"
+    assert runs["straight"]["backend"] == "jax" and "tensorflow" not in sys.modules
 
 
 def test_two_and_four_devices_train_as_one_on_the_same_global_batch(runs):
@@ -101,11 +105,3 @@ def test_accumulation_applies_a_partial_group_at_each_epoch_end_as_on_tensorflow
     # 12 batches per epoch in groups of 5: two full groups and a partial one per epoch.
     assert runs["accumulated"]["step"] == 6
 
-
-def test_tensorboard_gets_the_same_tags_and_steps_as_on_tensorflow(runs, tmp_path):
-    on_jax = read_scalars(str(runs["cwd"] / "logged" / "tensorboard" / "version_0"))
-    leg({**LEGS["logged"], "root": str(tmp_path / "tf")})
-    on_tensorflow = read_scalars(str(tmp_path / "tf" / "tensorboard" / "version_0"))
-    assert set(on_jax) == set(on_tensorflow)
-    for tag, points in on_tensorflow.items():
-        assert [step for step, _ in on_jax[tag]] == [step for step, _ in points], tag
