@@ -9,6 +9,7 @@ three runs are repeated, interleaved, and the median of the repeats is reported.
 
     python benchmarks/fit_overhead.py [--backend tensorflow|jax] [--epochs 4] [--examples 16384]
                                       [--batch-size 32] [--repeats 3] [--tf-dispatch-ahead]
+                                      [--layers 20,64,64,3]
 
 Prints steps/s of each and the ratios a/b (Trainer / Model.fit) and a/c (Trainer / hand loop)
 at steps_per_execution 1 and 16, and a1, the Trainer with `max_in_flight=1` (each call's outputs read
@@ -36,9 +37,12 @@ import numpy as np  # noqa: E402
 import ktrainer as kt  # noqa: E402
 
 
-def make_model() -> keras.Model:
-    return keras.Sequential([keras.layers.Input((20,)), keras.layers.Dense(64, activation="relu"),
-                             keras.layers.Dense(64, activation="relu"), keras.layers.Dense(3)])
+def make_model(layers: tuple[int, ...]) -> keras.Model:
+    """An MLP of `layers` widths: input, hidden layers (relu), classes (logits)."""
+    *hidden, classes = layers[1:]
+    return keras.Sequential([keras.layers.Input((layers[0],)),
+                             *(keras.layers.Dense(width, activation="relu") for width in hidden),
+                             keras.layers.Dense(classes)])
 
 
 def loss_fn(y, logits):
@@ -46,8 +50,12 @@ def loss_fn(y, logits):
 
 
 class BenchModule(kt.Module):
+    def __init__(self, layers: tuple[int, ...]):
+        super().__init__()
+        self.widths = layers
+
     def build(self):
-        return make_model()
+        return make_model(self.widths)
 
     def configure_optimizers(self):
         return keras.optimizers.Adam(1e-3)
@@ -85,7 +93,7 @@ def run_trainer(data, args, spe, max_in_flight: int = 2) -> list[float]:
     trainer = kt.Trainer(max_epochs=args.epochs, batch_size=args.batch_size, steps_per_execution=spe, seed=0,
                          max_in_flight=max_in_flight, logger=False, enable_progress_bar=False,
                          enable_checkpointing=False, callbacks=[timer])
-    trainer.fit(BenchModule(), train_data=data)
+    trainer.fit(BenchModule(args.layers), train_data=data)
     return timer.times
 
 
@@ -95,7 +103,7 @@ def run_trainer_window_1(data, args, spe) -> list[float]:
 
 def run_keras_fit(data, args, spe) -> list[float]:
     keras.utils.set_random_seed(0)
-    model = make_model()
+    model = make_model(args.layers)
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss_fn, steps_per_execution=spe)
     timer = KerasEpochTimes()
     model.fit(*data, batch_size=args.batch_size, epochs=args.epochs, shuffle=True, verbose=0, callbacks=[timer])
@@ -110,7 +118,7 @@ def run_jax_loop(data, args, spe) -> list[float]:
     import jax
 
     keras.utils.set_random_seed(0)
-    model = make_model()
+    model = make_model(args.layers)
     optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(model.trainable_variables)
     x, y = data
@@ -152,7 +160,7 @@ def run_tf_loop(data, args, spe) -> list[float]:
     import tensorflow as tf
 
     keras.utils.set_random_seed(0)
-    model = make_model()
+    model = make_model(args.layers)
     optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(model.trainable_variables)
     x, y = data
@@ -198,21 +206,32 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median is reported")
     parser.add_argument("--backend", choices=("tensorflow", "jax"), default="tensorflow")
+    parser.add_argument("--layers", default="20,64,64,3",
+                        help="the MLP's widths: input, hidden layers, classes (e.g. 128,256,256,10)")
     parser.add_argument("--tf-dispatch-ahead", action="store_true",
                         help="TensorFlow: let the runner dispatch ahead (window 2), which ktrainer does not do there")
     args = parser.parse_args()
+    try:
+        layers = tuple(int(width) for width in args.layers.split(","))
+    except ValueError:
+        layers = ()
+    if len(layers) < 2 or min(layers) < 1:
+        parser.error(f"--layers {args.layers!r}: expected comma-separated widths >= 1, input first and classes last")
+    args.layers = layers
     if args.tf_dispatch_ahead and BACKEND == "tensorflow":
         from ktrainer.backends.tensorflow.steps import CompiledSteps
 
         CompiledSteps.dispatches_ahead = True
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(args.examples, 20)).astype(np.float32)
-    data = (x, x[:, :3].argmax(axis=1).astype(np.int32))
+    x = rng.normal(size=(args.examples, args.layers[0])).astype(np.float32)
+    classes = min(args.layers[-1], args.layers[0])
+    data = (x, x[:, :classes].argmax(axis=1).astype(np.int32))
     steps = -(-args.examples // args.batch_size)
     engine = __import__(BACKEND)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
           f"{BACKEND} {engine.__version__}, keras {keras.__version__}")
-    print(f"{steps} steps/epoch of batch {args.batch_size}; median of epochs 2..{args.epochs}, "
+    print(f"MLP {'-'.join(map(str, args.layers))}, {steps} steps/epoch of batch {args.batch_size}; "
+          f"median of epochs 2..{args.epochs}, "
           f"median of {args.repeats} interleaved repeats")
     print(f"{'spe':>4} {'a: Trainer':>12} {'a1: window 1':>13} {'b: Model.fit':>13} {'c: hand loop':>13} "
           f"{'a/b':>6} {'a1/b':>6} {'a/a1':>6} {'a/c':>6}")
