@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any
 from ktrainer.checkpoint.async_io import AsyncCheckpointIO
 from ktrainer.checkpoint.format import is_own_file
 from ktrainer.checkpoint.fsspec_io import FsspecCheckpointIO
+from ktrainer.checkpoint.host_buffers import HostBuffers
 from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo
 from ktrainer.checkpoint.payload import checkpoint_payload
 from ktrainer.checkpoint.retention import Entry, Retention, to_delete
 from ktrainer.checkpoint.sharded_save import SaveTarget, save_sharded
 from ktrainer.checkpoint.snapshot import freeze
-from ktrainer.checkpoint.variables import read_value, start_host_copies
+from ktrainer.checkpoint.variables import start_host_copies
 from ktrainer.utils.fs import Location
 
 if TYPE_CHECKING:
@@ -74,6 +75,7 @@ class CheckpointManager:
         self._lineage: frozenset[str] = frozenset()
         self._on_failure: Callable[[], None] | None = None
         self._save_numbers: Iterator[int] = itertools.count(1)
+        self._host_buffers = HostBuffers()  # an async snapshot's copies, reused by the next one
 
     def open(self, location: Location, *, owner: str | None = None, retention: Retention | None = None,
              monitor: str | None = None, save_numbers: Iterator[int] | None = None) -> None:
@@ -179,7 +181,8 @@ class CheckpointManager:
         run = trainer.run
         state = trainer.state_dict()
         if self.async_save:  # what the loop waits for (the copy to host memory); the writing goes on behind
-            state = freeze(start_host_copies(state), read_value)
+            self.io.wait()  # the previous save is written: its host buffers take this snapshot
+            state = freeze(start_host_copies(state), self._host_buffers.reader())
         save_id = f"{run.run_id}-{next(self._save_numbers)}"
         files, manifest = checkpoint_payload(state, trainer.module.model, run, save_id, fields)
         return self.io.write(name, files, manifest, on_commit=self._committed, not_before=self._commit_floor)

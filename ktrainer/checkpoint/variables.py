@@ -11,7 +11,7 @@ import numpy as np
 from ktrainer.checkpoint.slices import SavedSlices
 from ktrainer.compat.tensorflow_parts import bfloat16_view
 
-__all__ = ["keyed", "read_value", "start_host_copies", "mismatches", "assign_all", "refuse_mismatches"]
+__all__ = ["keyed", "read_value", "host_view", "start_host_copies", "mismatches", "assign_all", "refuse_mismatches"]
 
 
 def keyed(variables: Sequence[Any]) -> dict[str, Any]:
@@ -28,15 +28,12 @@ def read_value(variable: Any) -> np.ndarray:
     an accelerator is read with its one copy to the host (a JAX array never changes; start the
     copies of a whole state first with `start_host_copies`); elsewhere a copy.
     """
-    read = getattr(variable, "read_value", None)  # a TensorFlow variable
-    if read is None:
-        read = getattr(getattr(variable, "value", None), "read_value", None)  # a Keras variable on TensorFlow
+    read = _tensorflow_read(variable)
     if read is None:
         device_array = _on_accelerator(variable)
         if device_array is not None:  # a JAX array never changes: its copy to the host is the snapshot
             return np.asarray(device_array)
-        # On a CPU the read is a view of the array's own buffer, which a donated step may reuse: copied.
-        return np.array(np.asarray(variable), copy=True)
+        return np.array(host_view(variable), copy=True)
     tensor = read()
     if "CPU" not in getattr(tensor, "device", "CPU"):
         return tensor.numpy()  # on an accelerator: one copy to the host is the snapshot
@@ -51,6 +48,22 @@ def read_value(variable: Any) -> np.ndarray:
     except (RuntimeError, TypeError, BufferError, ValueError):
         pass
     return tensor.numpy()
+
+
+def host_view(variable: Any) -> np.ndarray | None:
+    """The host array `read_value` copies to snapshot `variable`: a view of the buffer of a JAX array on a CPU
+    (which a donated step may reuse); None where `read_value` reads without copying (a TensorFlow variable, a
+    JAX array on an accelerator)."""
+    if _tensorflow_read(variable) is not None or _on_accelerator(variable) is not None:
+        return None
+    return np.asarray(variable)
+
+
+def _tensorflow_read(variable: Any) -> Callable[[], Any] | None:
+    read = getattr(variable, "read_value", None)  # a TensorFlow variable
+    if read is None:
+        read = getattr(getattr(variable, "value", None), "read_value", None)  # a Keras variable on TensorFlow
+    return read
 
 
 def start_host_copies(state: Any) -> Any:
