@@ -27,11 +27,11 @@ STASH = pytest.StashKey["EarlyStarts"]()
 class StartedProcess:
     """A command running in a process of its own while the caller goes on; `finished()` waits for it."""
 
-    def __init__(self, command: list[str], cwd: Path):
+    def __init__(self, command: list[str], cwd: Path, env: dict[str, str] | None = None):
         self.cwd = Path(cwd)
         # Files, not pipes: a child never blocks on a full pipe while the caller is busy elsewhere.
         self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        self._process = subprocess.Popen(command, stdout=self._out, stderr=self._err, text=True, cwd=cwd)
+        self._process = subprocess.Popen(command, stdout=self._out, stderr=self._err, text=True, cwd=cwd, env=env)
         self._finished: subprocess.CompletedProcess | None = None
 
     def finished(self) -> subprocess.CompletedProcess:

@@ -3,7 +3,8 @@ both engines log the same TensorBoard tags at the same steps.
 
 The model has no dropout, so both engines compute the same function: the continued run ends within
 1e-5 of a run that stayed on one backend (the engines' kernels differ in the last bits). This
-process runs TensorFlow; the JAX legs run in a fresh process that refuses TensorFlow.
+process runs TensorFlow; the JAX legs run in a fresh process that refuses TensorFlow (the ones TensorFlow
+resumes started as collection ends, tests/early.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.backends.leg_run import leg
-from tests.backends.runs import jax_legs, max_difference
+from tests.backends.runs import LEG_RUN, StartedLegs, jax_legs, max_difference, start_legs
 from tests.helpers import read_scalars
 
 LOGGED = {"max_steps": 6, "logger": True}
@@ -59,11 +60,19 @@ def test_tensorboard_gets_the_same_tags_and_steps_on_jax_as_on_tensorflow(tensor
         assert [step for step, _ in on_jax[tag]] == [step for step, _ in points], tag
 
 
-def test_a_jax_checkpoint_resumes_on_tensorflow_as_if_it_had_stayed(tmp_path):
-    stayed, first, _ = jax_legs([{"root": str(tmp_path / "stayed"), "max_epochs": 2},
-                                 {"root": str(tmp_path / "moved"), "max_steps": 10},
-                                 {"root": str(tmp_path / "sharded"), "max_steps": 10, "strategy": "fsdp", "devices": 4,
-                                  "batch_size": 2, "fsdp_min_bytes": 0}], tmp_path)
+def start_jax_legs(folder: Path) -> StartedLegs:
+    """A start (tests/early.py): the JAX legs whose checkpoints TensorFlow resumes."""
+    return start_legs([{"root": str(folder / "stayed"), "max_epochs": 2},
+                       {"root": str(folder / "moved"), "max_steps": 10},
+                       {"root": str(folder / "sharded"), "max_steps": 10, "strategy": "fsdp", "devices": 4,
+                        "batch_size": 2, "fsdp_min_bytes": 0}], folder, LEG_RUN, backend="jax")
+
+
+@pytest.mark.starts_early(start=start_jax_legs)
+def test_a_jax_checkpoint_resumes_on_tensorflow_as_if_it_had_stayed(started):
+    legs = started(start_jax_legs)
+    stayed, first, _ = legs.result()
+    tmp_path = legs.cwd
     moved = leg({"root": str(tmp_path / "moved"), "max_epochs": 2, "ckpt": "last"})
     # Saved sharded over 4 devices (each variable as its slices), resumed unsharded on TensorFlow.
     unsharded = leg({"root": str(tmp_path / "sharded"), "max_epochs": 2, "ckpt": "last"})

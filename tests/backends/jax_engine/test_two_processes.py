@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from tests.early import StartedProcess
 
 HERE = Path(__file__).parent
 
 
-def test_two_launched_processes_end_with_bit_identical_weights_and_only_the_chief_writes(tmp_path):
+def start_launch(folder: Path) -> StartedProcess:
+    """A start (tests/early.py): two_process_run.py in two processes through `ktrainer launch`."""
+    command = [sys.executable, "-m", "ktrainer.cli.main", "launch", "--nodes", "2", "--", sys.executable,
+               str(HERE / "no_tensorflow.py"), str(HERE / "two_process_run.py"), str(folder / "run")]
+    return StartedProcess(command, folder, env={**os.environ, "PYTHONPATH": str(HERE.parents[2])})
+
+
+@pytest.mark.starts_early(start=start_launch)
+def test_two_launched_processes_end_with_bit_identical_weights_and_only_the_chief_writes(started):
     """Also, in the same processes: a time-triggered save follows the chief's clock, so a process whose clock
     runs apart saves at the same steps (a second fit, see two_process_run.py)."""
+    launched = started(start_launch)
+    tmp_path = launched.cwd
     root = tmp_path / "run"
-    command = [sys.executable, "-m", "ktrainer.cli.main", "launch", "--nodes", "2", "--", sys.executable,
-               str(HERE / "no_tensorflow.py"), str(HERE / "two_process_run.py"), str(root)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(HERE.parents[2])})
+    done = launched.finished()
     assert done.returncode == 0, done.stderr[-4000:]
     results = sorted((json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines()
                       if "RESULT " in line), key=lambda r: r["process"])
