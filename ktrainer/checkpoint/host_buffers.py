@@ -3,10 +3,10 @@
 A background save must copy every array that the next training step may overwrite in place: on JAX
 on a CPU, the step donates the state's buffers, so the snapshot is a host copy of each. Copied into
 fresh memory, every save pays for the operating system to map and zero that memory page by page as
-it is first written, which costs more than the copy itself (about 45-190 ms for 100 MB on two cores
+it is first written, which costs more than the copy itself (about 50-190 ms for 100 MB on two cores
 against 10-20 ms into memory already in use). The buffers here are reused by the next save, once the
 save that used them has finished writing (a manager has at most one save in flight and waits for it
-before it snapshots again).
+before it snapshots again); the manager gives them back when it closes, at the end of fit.
 """
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ class CheckpointManager:
         run = trainer.run
         state = trainer.state_dict()
         if self.async_save:  # what the loop waits for (the copy to host memory); the writing goes on behind
-            self.io.wait()  # the previous save is written: its host buffers take this snapshot
+            self.wait()  # the previous save is written: its host buffers take this snapshot
             state = freeze(start_host_copies(state), self._host_buffers.reader())
         save_id = f"{run.run_id}-{next(self._save_numbers)}"
         files, manifest = checkpoint_payload(state, trainer.module.model, run, save_id, fields)
@@ -223,9 +223,12 @@ class CheckpointManager:
                 raise
 
     def close(self) -> None:
-        """Stop the background writer, after the write in flight."""
+        """Stop the background writer, after the write in flight; give back the snapshots' host buffers."""
         if isinstance(self.io, AsyncCheckpointIO):
-            self.io.close()
+            try:
+                self.io.close()
+            finally:
+                self._host_buffers = HostBuffers()
 
     def _forget(self, position: dict[str, Any] | None, on_failure: Callable[[], None] | None) -> None:
         self.saved_position = position
