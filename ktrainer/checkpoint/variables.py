@@ -28,8 +28,6 @@ def read_value(variable: Any) -> np.ndarray:
     an accelerator is read with its one copy to the host (a JAX array never changes; start the
     copies of a whole state first with `start_host_copies`); elsewhere a copy.
     """
-    if isinstance(variable, np.ndarray):  # already a host array of its own (e.g. a frozen snapshot's)
-        return variable
     read = _tensorflow_read(variable)
     if read is None:
         device_array = _on_accelerator(variable)
