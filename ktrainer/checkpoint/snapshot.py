@@ -86,14 +86,14 @@ def to_files(state: dict[str, Any], save_id: str, *, extra_json: dict[str, Any] 
         tree[section] = _with_references(value, section, "", sections, sliced_keys)
     files: dict[str, Any] = {}
     for section, arrays in sections.items():
-        whole = {key: value for key, value in arrays.items() if key not in sliced_keys} if not process else {}
-        for number, shard in enumerate(_shards(whole) if whole else []):
-            files[data_file_name(f"{section}-{number:05d}", save_id, "tensors")] = TensorFile(shard, read)
-        sliced = {key: value for key, value in arrays.items() if key in sliced_keys}
-        for number, shard in enumerate(_shards(sliced) if sliced else []):
-            held = {key: [f"{section}{key}", *sliced_keys[key]] for key in shard}
-            files[data_file_name(f"{section}-{number:05d}-p{process:05d}", save_id, "tensors")] = \
-                TensorFile(shard, read, held)
+        groups = {f"-p{process:05d}": {key: value for key, value in arrays.items() if key in sliced_keys}}
+        if not process:  # the chief also writes the whole arrays, in files without a process number
+            groups[""] = {key: value for key, value in arrays.items() if key not in sliced_keys}
+        for suffix, group in sorted(groups.items()):
+            for number, shard in enumerate(_shards(group) if group else []):
+                held = {key: [f"{section}{key}", *sliced_keys[key]] for key in shard if key in sliced_keys}
+                files[data_file_name(f"{section}-{number:05d}{suffix}", save_id, "tensors")] = \
+                    TensorFile(shard, read, held)
     if process:
         return files
     files[data_file_name(STATE_FILE, save_id, "json")] = json.dumps(tree, sort_keys=True).encode()
