@@ -11,7 +11,8 @@ and on S3 (a moto server in its own process on 127.0.0.1):
   to fresh paths; and, for async, against one in-memory copy of the state (what it must wait for);
 - resume: what `fit(ckpt_path=...)` adds before training starts (find, read, verify every
   checksum, load; median of 3 resumes, as of 3 plain reads), against a plain fsspec read of the
-  same files, and what verification alone costs;
+  same files, and what verification alone costs; then the same in fresh processes (3 of each),
+  as a user's resume runs: in this process a read reuses memory the earlier ones freed;
 - preemption: the time from SIGTERM to the committed checkpoint, and to the process's exit, for
   a training process of this model (and of the small demo model).
 
@@ -166,7 +167,44 @@ def measure(url: str, options: dict, width: int, saves: int) -> dict[str, float]
             Big(width))
         resumes.append(loader.seconds)
     found["resume adds"], found["first resume adds"] = statistics.median(resumes), resumes[0]
+    checkpoint = f"{url}/save-sync/{newest.name}"
+    found["fresh resume adds"] = statistics.median(in_a_fresh_process(RESUMED, checkpoint, options, width)
+                                                   for _ in range(3))
+    found["fresh plain read"] = statistics.median(in_a_fresh_process(READ, checkpoint, options, width)
+                                                  for _ in range(3))
     return found
+
+
+RESUMED = """
+import sys
+sys.path.insert(0, {here!r})
+import ktrainer as kt
+from checkpoint_io import Big, LoadTimer
+loader = LoadTimer({checkpoint!r}, {options!r})
+trainer = kt.Trainer(max_steps=1, callbacks=[loader], enable_checkpointing=False, logger=False,
+                     enable_progress_bar=False, batch_size=8, storage_options={options!r})
+trainer.fit(Big({width}))
+print("seconds", loader.seconds)
+"""
+
+READ = """
+import time
+from ktrainer.utils.fs import Location
+location = Location({checkpoint!r}, {options!r})
+names = sorted(name for name in location.fs.ls(location.path, detail=False) if not name.endswith("manifest.json"))
+start = time.perf_counter()
+for name in names:
+    location.fs.cat_file(name)
+print("seconds", time.perf_counter() - start)
+"""
+
+
+def in_a_fresh_process(code: str, checkpoint: str, options: dict, width: int) -> float:
+    """The seconds a new Python process reports for `code` (a resume, or a plain read): what a user's resume pays,
+    with no memory freed earlier in the process to reuse."""
+    source = code.format(here=HERE, checkpoint=checkpoint, options=options, width=width)
+    result = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, check=True)
+    return float(next(line for line in result.stdout.splitlines() if line.startswith("seconds")).split()[1])
 
 
 PREEMPTED = """
@@ -254,6 +292,9 @@ def report(label: str, found: dict[str, float]) -> None:
     print(f"  resume adds {ms['resume adds']:.0f} ms to fit (median of 3; the first {ms['first resume adds']:.0f} "
           f"ms); plain read {ms['plain read']:.0f} ms: restore speed {found['plain read'] / found['resume adds']:.2f}x "
           "the plain read")
+    print(f"  in a fresh process (a user's resume): resume adds {ms['fresh resume adds']:.0f} ms, plain read "
+          f"{ms['fresh plain read']:.0f} ms (medians of 3 processes): restore speed "
+          f"{found['fresh plain read'] / found['fresh resume adds']:.2f}x the plain read")
     print(f"  reading with every checksum checked {ms['read and verify']:.0f} ms, of which checksums "
           f"{ms['verify only']:.0f} ms")
 

@@ -56,9 +56,9 @@ class AsyncCheckpointIO:
                 self._executor.shutdown(wait=True)
                 self._executor = None
 
-    def read(self, name: str) -> tuple[CheckpointInfo, dict[str, bytes]]:
+    def read(self, name: str, *, arrays: bool = False) -> tuple[CheckpointInfo, dict[str, Any]]:
         """Read through the wrapped store."""
-        return self.inner.read(name)
+        return self.inner.read(name, arrays=arrays)
 
     def list(self, *, checksums: bool = False, names: list[str] | None = None) -> list[CheckpointInfo]:
         """List through the wrapped store."""

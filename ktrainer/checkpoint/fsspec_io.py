@@ -41,6 +41,7 @@ from ktrainer.checkpoint.format import (
 )
 from ktrainer.checkpoint.io import CheckpointError, CheckpointInfo, FileSource, OnCommit
 from ktrainer.checkpoint.slices import ranged_files
+from ktrainer.checkpoint.tensor_read import LoadedTensors, read_into_buffers
 from ktrainer.checkpoint.workers import io_workers
 from ktrainer.utils.fs import Location
 
@@ -248,12 +249,17 @@ class FsspecCheckpointIO:
 
     # ----- read, list, delete -----------------------------------------------------------------
 
-    def read(self, name: str) -> tuple[CheckpointInfo, dict[str, bytes | RangedFile]]:
+    def read(self, name: str, *, arrays: bool = False) -> tuple[CheckpointInfo, dict[str, Any]]:
         """Read a checkpoint's files, checking every size and checksum before returning anything.
 
         The files that hold only slices of sharded variables, each with its own checksum in the manifest
         (`slices.ranged_files`), are not read here: they come back as `RangedFile`, and a restore reads only
         the slices it needs, each checked against its checksum as it is read.
+
+        Args:
+            name: The checkpoint's name.
+            arrays: A restore's read: on a local disk each tensor file comes back as its arrays, each read into
+                its own aligned buffer (`tensor_read.LoadedTensors`), not as bytes.
 
         Raises:
             CheckpointError: When it is missing, incomplete, corrupt, unreadable or of a newer format.
@@ -263,18 +269,26 @@ class FsspecCheckpointIO:
             raise CheckpointError(_invalid_message(info))
         directory = f"{self.root}/{name}"
         ranged = ranged_files(info.manifest.fields)
+        into_buffers = arrays and self.location.is_local and info.manifest.format_version >= 2
 
-        def read_one(entry: FileEntry) -> bytes | RangedFile:
+        def read_one(entry: FileEntry) -> bytes | LoadedTensors | RangedFile:
+            path = f"{directory}/{entry.name}"
             if entry.name in ranged:
-                return RangedFile(self.fs, f"{directory}/{entry.name}", f"{info.url}/{entry.name}", entry.size)
+                return RangedFile(self.fs, path, f"{info.url}/{entry.name}", entry.size)
+            checksum = Checksum(entry.algorithm)
             try:
-                data = self.fs.cat_file(f"{directory}/{entry.name}")
-            except OSError as error:
+                if into_buffers and entry.name.endswith(".tensors") and self.fs.size(path) == entry.size:
+                    with self.fs.open(path, "rb") as stream:
+                        data = read_into_buffers(stream, entry.size, checksum)
+                else:
+                    data = self.fs.cat_file(path)
+                    if len(data) != entry.size:
+                        raise CheckpointError(f"{info.url}: {entry.name} has {len(data)} bytes, the manifest says "
+                                              f"{entry.size} (truncated).")
+                    checksum.update(data)
+            except (OSError, EOFError) as error:
                 raise CheckpointError(f"{info.url}: {entry.name} could not be read: {error!r}.") from error
-            if len(data) != entry.size:
-                raise CheckpointError(f"{info.url}: {entry.name} has {len(data)} bytes, the manifest says "
-                                      f"{entry.size} (truncated).")
-            if Checksum.of(data, entry.algorithm) != entry.checksum:
+            if checksum.hexdigest() != entry.checksum:
                 raise CheckpointError(f"{info.url}: {entry.name} does not match its {entry.algorithm} checksum "
                                       "(corrupt).")
             return data

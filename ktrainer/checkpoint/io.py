@@ -108,8 +108,9 @@ class CheckpointIO(Protocol):
             CheckpointError: When the save fails; checkpoints committed before are untouched.
         """
 
-    def read(self, name: str) -> tuple[CheckpointInfo, dict[str, bytes]]:
-        """Read a checkpoint's files, every checksum checked before anything is returned.
+    def read(self, name: str, *, arrays: bool = False) -> tuple[CheckpointInfo, dict[str, Any]]:
+        """Read a checkpoint's files, every checksum checked before anything is returned (as bytes; with
+        `arrays`, a tensor file may come back as its arrays instead).
 
         Raises:
             CheckpointError: When it is missing, incomplete, corrupt or of a newer format.

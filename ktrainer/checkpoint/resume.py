@@ -107,7 +107,7 @@ def find_checkpoint(ckpt_path: str, checkpoint_dir: Location, storage_options: d
         if not directory.join(name, MANIFEST).exists():
             _refuse_a_folder_of_checkpoints(ckpt_path, directory.join(name))
         try:
-            info, files = io.read(name)
+            info, files = io.read(name, arrays=True)
         except CheckpointError as error:
             raise CheckpointError(f"{error}{_in_checkpoint_dir(ckpt_path, checkpoint_dir)}") from None
     try:
@@ -163,7 +163,7 @@ def _in_checkpoint_dir(ckpt_path: str, checkpoint_dir: Location) -> str:
     return f" This run's checkpoint directory has one of that name: pass ckpt_path={candidate.url!r}."
 
 
-def _choose(io: FsspecCheckpointIO, alias: str) -> tuple[CheckpointInfo, dict[str, bytes]] | None:
+def _choose(io: FsspecCheckpointIO, alias: str) -> tuple[CheckpointInfo, dict[str, Any]] | None:
     listed = io.list()
     if not listed and alias == "last":
         return None
@@ -183,7 +183,7 @@ def _choose(io: FsspecCheckpointIO, alias: str) -> tuple[CheckpointInfo, dict[st
             _pass_over(info.url, info.reason)
             continue
         try:
-            chosen = io.read(info.name)
+            chosen = io.read(info.name, arrays=True)
             break
         except CheckpointError as error:
             _pass_over(info.url, str(error))

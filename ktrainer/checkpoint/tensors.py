@@ -20,7 +20,7 @@ import numpy as np
 
 from ktrainer.checkpoint.checksum import ALGORITHM, Checksum
 
-__all__ = ["TensorFile", "read_tensors", "dtype_from_name", "nbytes_of"]
+__all__ = ["TensorFile", "read_tensors", "parse_index", "index_length", "dtype_from_name", "nbytes_of"]
 
 _LENGTH = struct.Struct("<Q")
 
@@ -105,15 +105,43 @@ class TensorFile:
 
 
 def read_tensors(data: Any) -> dict[str, np.ndarray]:
-    """Read what `TensorFile` wrote (read-only views into `data`).
+    """Read what `TensorFile` wrote (read-only views into `data`); arrays already read into their own buffers
+    (`tensor_read.LoadedTensors`) are returned as they are.
 
     Raises:
         ValueError: When the data is not such a file or is truncated.
     """
-    if len(data) < _LENGTH.size:
+    if isinstance(data, dict):
+        return data
+    start, entries = parse_index(data)
+    arrays = {}
+    for name, (dtype, shape, offset, nbytes) in entries.items():
+        if start + offset + nbytes > len(data):
+            raise ValueError(f"tensor file truncated in {name!r}")
+        flat = np.frombuffer(data, dtype=dtype, count=nbytes // dtype.itemsize, offset=start + offset)
+        arrays[name] = flat.reshape(shape)
+    return arrays
+
+
+def index_length(head: Any) -> int:
+    """Bytes of the file before its arrays (the length field and the index), from its first 8 bytes.
+
+    Raises:
+        ValueError: When there are fewer than 8 bytes.
+    """
+    if len(head) < _LENGTH.size:
         raise ValueError("tensor file too short")
-    (length,) = _LENGTH.unpack_from(data)
-    start = _LENGTH.size + length
+    return _LENGTH.size + _LENGTH.unpack_from(head)[0]
+
+
+def parse_index(data: Any) -> tuple[int, dict[str, tuple[np.dtype, list[int], int, int]]]:
+    """(where the arrays start, {name: (dtype, shape, offset from that start, nbytes)}) of a tensor file's
+    first bytes (at least up to the end of its index), every entry checked.
+
+    Raises:
+        ValueError: When the data is not such a file, or is truncated in its index.
+    """
+    start = index_length(data)
     if start > len(data):
         raise ValueError("tensor file truncated in its index")
     try:
@@ -122,16 +150,7 @@ def read_tensors(data: Any) -> dict[str, np.ndarray]:
         raise ValueError("tensor file index is not valid JSON") from None
     if not isinstance(index, dict):
         raise ValueError("tensor file index is not an object of entries")
-    arrays = {}
-    for name, entry in index.items():
-        dtype, shape, offset, nbytes = _checked_entry(name, entry)
-        end = start + offset + nbytes
-        if end > len(data):
-            raise ValueError(f"tensor file truncated in {name!r}")
-        count = nbytes // dtype.itemsize
-        flat = np.frombuffer(data, dtype=dtype, count=count, offset=start + offset)
-        arrays[name] = flat.reshape(shape)
-    return arrays
+    return start, {name: _checked_entry(name, entry) for name, entry in index.items()}
 
 
 def _checked_entry(name: str, entry: Any) -> tuple[np.dtype, list[int], int, int]:

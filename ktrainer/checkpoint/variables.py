@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ktrainer.checkpoint.slices import SavedSlices
+from ktrainer.checkpoint.tensor_read import owns_its_memory
 from ktrainer.compat.tensorflow_parts import bfloat16_view
 
 __all__ = ["keyed", "read_value", "host_view", "start_host_copies", "mismatches", "assign_all", "refuse_mismatches"]
@@ -113,7 +114,8 @@ def mismatches(what: str, saved: dict[str, Any], variables: Sequence[Any]) -> li
 
 
 def assign_all(saved: dict[str, Any], variables: Sequence[Any],
-               place: Callable[[Any, SavedSlices], None] | None = None) -> None:
+               place: Callable[[Any, SavedSlices], None] | None = None,
+               host_value: Callable[[Any, np.ndarray, bool], Any] | None = None) -> None:
     """Assign the saved arrays to the variables, in order (after `mismatches` found none).
 
     Args:
@@ -121,6 +123,9 @@ def assign_all(saved: dict[str, Any], variables: Sequence[Any],
         variables: The variables, in the saved order.
         place: Assigns a sharded variable's slices to a variable (the engine's: each device's region read
             alone); None: the whole array is put together and assigned.
+        host_value: The engine's `host_value`: turns an array into the value assigned, given whether the restore
+            read it into memory of its own (`tensor_read.owns_its_memory`), which the variable may then use in
+            place; None: the array is assigned as it is.
     """
     for array, variable in zip(saved.values(), variables, strict=True):
         if isinstance(array, SavedSlices):
@@ -128,6 +133,11 @@ def assign_all(saved: dict[str, Any], variables: Sequence[Any],
                 place(variable, array)
                 continue
             array = np.asarray(array)
+        elif host_value is not None:
+            value = host_value(variable, array, owns_its_memory(array))
+            if value is not array:
+                variable.assign(value)
+                continue
         backing = getattr(variable, "value", None)
         same_dtype = np.dtype(getattr(variable.dtype, "name", variable.dtype)) == np.asarray(array).dtype
         if same_dtype and callable(getattr(backing, "assign", None)):

@@ -101,7 +101,7 @@ def _assign_in_every_process(trainer: Trainer, pairs: list[tuple[dict[str, Any],
     failure = ""
     try:
         for saved, variables in pairs:
-            assign_all(saved, variables, trainer.engine.place_slices)
+            assign_all(saved, variables, trainer.engine.place_slices, trainer.engine.host_value)
     except CheckpointError as error:
         failure = str(error)
     failures = [each for each in trainer.engine.gather_json(failure) if each]

@@ -93,7 +93,8 @@ class StateMethods:
         Every check runs before anything is loaded: the variables must match the model's and
         optimizer's (names and shapes), and the global batch size the saved one (unless
         `allow_global_batch_change`). Callbacks and loggers are matched by key; a key on one side
-        only is named in a warning.
+        only is named in a warning. The arrays are copied (a later write to them changes no weight),
+        except those a restore read itself, which JAX on a CPU uses in place.
 
         Raises:
             ValueError: When the checkpoint does not fit this model, optimizer or global batch.

@@ -42,6 +42,11 @@ def test_a_numpy_buffer_bigger_than_a_piece_gives_the_same_value_as_its_bytes():
     mixed.update(memoryview(array))
     mixed.update(bytearray(b"tail"))
     assert mixed.hexdigest() == Checksum.of(b"header" + array.tobytes() + b"tail")
+    pieces = Checksum()  # a restore's read: the bytes of a buffer, piece by piece as they arrive, read in place
+    flat = array.reshape(-1).view(np.uint8)
+    for start in range(0, flat.size, 100_000):
+        pieces.update(flat[start:start + 100_000])
+    assert pieces.hexdigest() == expected
 
 
 def test_an_empty_update_changes_nothing():
