@@ -192,10 +192,10 @@ class Engine:
         an engine with sharded variables reads each device's region alone."""
         variable.assign(np.asarray(saved))
 
-    def host_value(self, variable: Any, array: np.ndarray, owned: bool) -> Any:
-        """A value to assign to `variable` from a host array. `owned`: nothing but the restore refers to the
-        array's memory (`tensor_read.owns_its_memory`), so the variable may use it in place. Here the array
-        itself: the assign copies it."""
+    def host_value(self, variable: Any, array: np.ndarray, give_away: bool = False) -> Any:
+        """A value to assign to `variable` from a host array. `give_away`: nothing will read or write the array
+        again (a resume's own read), so the variable may use its memory in place. Here the array itself: the
+        assign copies it."""
         return array
 
     def reload(self) -> None:

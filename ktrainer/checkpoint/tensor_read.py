@@ -1,30 +1,26 @@
 """A tensor file read from a stream straight into one aligned buffer per array, every byte checksummed in order.
 
-A restore reads each array into memory of its own, 64-byte aligned, that nothing else refers to:
-a backend that can share such memory (JAX on a CPU) makes it the variable's value without a copy,
-and no array keeps a whole file's bytes alive. `owns_its_memory` tells those arrays from any other
-(a user's array must never become a variable's memory: a later write to it would change the model).
+A restore reads each array into memory of its own, 64-byte aligned, that nothing else refers to: a
+resume hands it to the variables, which on a CPU use it in place (`Engine.host_value`), and no array
+keeps a whole file's bytes alive.
 """
 
 from __future__ import annotations
 
 import mmap
-import weakref
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 
 from ktrainer.checkpoint.checksum import Checksum
 from ktrainer.checkpoint.tensors import index_length, parse_index
 
-__all__ = ["ALIGNMENT", "LoadedTensors", "read_into_buffers", "owns_its_memory"]
+__all__ = ["ALIGNMENT", "LoadedTensors", "read_into_buffers"]
 
 ALIGNMENT = 64  # what XLA's CPU client needs to use host memory in place
 _PIECE = 1 << 18  # read, then checksummed while it is still in the CPU cache
 _MAPPED = 1 << 20  # arrays of this size and more get a mapping of their own
 _PRIVATE = getattr(mmap, "MAP_PRIVATE", None)  # not on Windows: numpy's memory there
-
-_buffers: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
 
 
 class LoadedTensors(dict):
@@ -68,12 +64,6 @@ def read_into_buffers(stream: BinaryIO, size: int, checksum: Checksum) -> Loaded
     return arrays
 
 
-def owns_its_memory(array: Any) -> bool:
-    """Whether `array` is one `read_into_buffers` made (its memory referred to by nothing but the restore)."""
-    base = getattr(array, "base", None)
-    return base is not None and _buffers.get(id(base)) is base
-
-
 def _in_order(start: int, entries: dict[str, tuple], size: int) -> list[tuple[str, tuple]] | None:
     """The entries by offset when each array lies after the previous one and inside the file; else None."""
     layout = sorted(entries.items(), key=lambda item: item[1][2])
@@ -111,7 +101,6 @@ def _aligned(nbytes: int) -> np.ndarray:
     else:
         raw = np.empty(nbytes + ALIGNMENT, np.uint8)
         skip = -raw.ctypes.data % ALIGNMENT
-    _buffers[id(raw)] = raw
     return raw[skip:skip + nbytes]
 
 

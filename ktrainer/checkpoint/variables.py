@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from ktrainer.checkpoint.slices import SavedSlices
-from ktrainer.checkpoint.tensor_read import owns_its_memory
 from ktrainer.compat.tensorflow_parts import bfloat16_view
 
 __all__ = ["keyed", "read_value", "host_view", "start_host_copies", "mismatches", "assign_all", "refuse_mismatches"]
@@ -115,7 +114,7 @@ def mismatches(what: str, saved: dict[str, Any], variables: Sequence[Any]) -> li
 
 def assign_all(saved: dict[str, Any], variables: Sequence[Any],
                place: Callable[[Any, SavedSlices], None] | None = None,
-               host_value: Callable[[Any, np.ndarray, bool], Any] | None = None) -> None:
+               host_value: Callable[[Any, np.ndarray], Any] | None = None) -> None:
     """Assign the saved arrays to the variables, in order (after `mismatches` found none).
 
     Args:
@@ -123,9 +122,8 @@ def assign_all(saved: dict[str, Any], variables: Sequence[Any],
         variables: The variables, in the saved order.
         place: Assigns a sharded variable's slices to a variable (the engine's: each device's region read
             alone); None: the whole array is put together and assigned.
-        host_value: The engine's `host_value`: turns an array into the value assigned, given whether the restore
-            read it into memory of its own (`tensor_read.owns_its_memory`), which the variable may then use in
-            place; None: the array is assigned as it is.
+        host_value: Turns a host array into the value assigned (the engine's `host_value`, which may use the
+            array's memory in place); None: the array is assigned as it is.
     """
     for array, variable in zip(saved.values(), variables, strict=True):
         if isinstance(array, SavedSlices):
@@ -133,17 +131,18 @@ def assign_all(saved: dict[str, Any], variables: Sequence[Any],
                 place(variable, array)
                 continue
             array = np.asarray(array)
-        elif host_value is not None:
-            value = host_value(variable, array, owns_its_memory(array))
-            if value is not array:
-                variable.assign(value)
-                continue
+        if host_value is not None:
+            array = host_value(variable, array)
         backing = getattr(variable, "value", None)
-        same_dtype = np.dtype(getattr(variable.dtype, "name", variable.dtype)) == np.asarray(array).dtype
-        if same_dtype and callable(getattr(backing, "assign", None)):
+        if _dtype_name(variable) == _dtype_name(array) and callable(getattr(backing, "assign", None)):
             backing.assign(array)  # the backend variable itself: half the time of Keras's converting assign
         else:
             variable.assign(array)
+
+
+def _dtype_name(value: Any) -> str:
+    dtype = getattr(value, "dtype", None)
+    return str(getattr(dtype, "name", dtype))
 
 
 def refuse_mismatches(problems: Sequence[str], what: str) -> None:

@@ -125,7 +125,7 @@ def find_resumable(trainer: Trainer, ckpt_path: str | None) -> Resumable | None:
 def resume_into(trainer: Trainer, resumed: Resumable) -> None:
     """Load a checkpoint into the built run (all or nothing: `Trainer.load_state_dict` checks its variables,
     keys and global batch first) and note where the run continues from."""
-    trainer.load_state_dict(resumed.state)
+    trainer.load_state_dict(resumed.state, copy=False)  # nothing reads the checkpoint's arrays again
     saved_run = resumed.state["run"]
     trainer.run = trainer.run.resumed(resumed.canonical_url, resumed.info.committed, saved_run.get("lineage", []))
     log.debug("Resumed from %s at step %d (epoch %d, batch %d).", resumed.info.url, trainer.global_step,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +45,10 @@ def trainer_state_dict(trainer: Trainer, module: Module, train_step: Any) -> dic
     }
 
 
-def load_trainer_state_dict(trainer: Trainer, module: Module, train_step: Any, state: dict[str, Any]) -> None:
-    """Put a state back into a built fit: every check first, then all of it, or nothing (`Trainer.load_state_dict`).
+def load_trainer_state_dict(trainer: Trainer, module: Module, train_step: Any, state: dict[str, Any],
+                            copy: bool = True) -> None:
+    """Put a state back into a built fit: every check first, then all of it, or nothing (`Trainer.load_state_dict`;
+    `copy=False`: the arrays are given away, and the variables may use their memory in place).
 
     Raises:
         ValueError: When the state does not fit this model, optimizer or global batch size.
@@ -65,7 +68,7 @@ def load_trainer_state_dict(trainer: Trainer, module: Module, train_step: Any, s
         check_keys("loggers", saved["loggers"], components["loggers"])
 
     _assign_in_every_process(trainer, [(state["model"], module.model.variables),
-                                       (state["optimizer"], optimizer_variables(trainer.optimizers))])
+                                       (state["optimizer"], optimizer_variables(trainer.optimizers))], copy)
     train_step.load_state_dict(state.get("accumulation", {}))
     trainer.progress.load_state_dict(progress)
     for section, present in components.items():
@@ -88,7 +91,7 @@ def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v if isinstance(v, bool | int | float | str | type(None)) else str(v) for k, v in values.items()}
 
 
-def _assign_in_every_process(trainer: Trainer, pairs: list[tuple[dict[str, Any], list[Any]]]) -> None:
+def _assign_in_every_process(trainer: Trainer, pairs: list[tuple[dict[str, Any], list[Any]]], copy: bool) -> None:
     """Assign each (saved arrays, variables) pair; every process learns whether any failed, so all raise.
 
     A sharded checkpoint's slices are read and checked while they are placed, each process its own: one
@@ -101,7 +104,8 @@ def _assign_in_every_process(trainer: Trainer, pairs: list[tuple[dict[str, Any],
     failure = ""
     try:
         for saved, variables in pairs:
-            assign_all(saved, variables, trainer.engine.place_slices, trainer.engine.host_value)
+            assign_all(saved, variables, trainer.engine.place_slices,
+                       functools.partial(trainer.engine.host_value, give_away=not copy))
     except CheckpointError as error:
         failure = str(error)
     failures = [each for each in trainer.engine.gather_json(failure) if each]

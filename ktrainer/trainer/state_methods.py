@@ -87,19 +87,25 @@ class StateMethods:
             raise RuntimeError(f"{call} needs a built model and optimizer: call it during fit (e.g. from a "
                                "callback) or after fit.")
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, copy: bool = True) -> None:
         """Continue from what `state_dict()` returned (a checkpoint's state): everything, or nothing.
 
         Every check runs before anything is loaded: the variables must match the model's and
         optimizer's (names and shapes), and the global batch size the saved one (unless
         `allow_global_batch_change`). Callbacks and loggers are matched by key; a key on one side
-        only is named in a warning. The arrays are copied (a later write to them changes no weight),
-        except those a restore read itself, which JAX on a CPU uses in place.
+        only is named in a warning.
+
+        Args:
+            state: The state.
+            copy: True: the variables get copies of the arrays (a later write to one changes no weight).
+                False: the arrays are given away (nothing will read or write them again, as with a checkpoint
+                `find_checkpoint` read for this call): on a CPU the variables may use their memory in place,
+                and training then changes them. `fit(ckpt_path=...)` gives its checkpoint's arrays away.
 
         Raises:
             ValueError: When the checkpoint does not fit this model, optimizer or global batch.
         """
-        load_trainer_state_dict(self, self.module, self.train_step, state)
+        load_trainer_state_dict(self, self.module, self.train_step, state, copy)
 
     def save_checkpoint(self, filepath: str | os.PathLike | None = None, *,
                         storage_options: dict[str, Any] | None = None) -> list[str]:

@@ -331,21 +331,20 @@ class JaxEngine(Engine):
                 return_freed_memory()                 # stay resident, and the restore's peak is two states
                 self._replaced_bytes = 0
 
-    def host_value(self, variable: Any, array: np.ndarray, owned: bool) -> Any:
-        """A value to assign to `variable` from a host array. On a CPU, XLA uses an aligned host array's memory in
-        place (even when asked not to): an array the restore `owned` becomes the variable's value through DLPack
-        without a copy (a donated step later writes fresh buffers, never into it); anyone else's writable array
-        is copied first, so that a later write to it cannot change a weight."""
-        sharding = getattr(variable.value, "sharding", None)
-        devices = list(getattr(sharding, "device_set", ()))
-        if not devices or any(device.platform != "cpu" for device in devices):
+    def host_value(self, variable: Any, array: np.ndarray, give_away: bool = False) -> Any:
+        """A value to assign to `variable` from a host array. On a CPU XLA uses an aligned host array's memory in
+        place (even when asked not to): an array given away becomes the variable's value through DLPack without
+        a copy (a donated step later writes fresh buffers, never into it); any other writable array is copied
+        first, so that a later write to it cannot change a weight."""
+        devices = list(getattr(getattr(variable.value, "sharding", None), "device_set", ()))
+        if not isinstance(array, np.ndarray) or not devices or any(device.platform != "cpu" for device in devices):
             return array  # to an accelerator the transfer is the copy
-        if not owned:
+        if not give_away:
             return np.array(array, copy=True) if array.flags.writeable else array
-        if len(devices) == 1 and array.flags.c_contiguous:
+        if len(devices) == 1:
             try:
                 return jax.dlpack.from_dlpack(array, device=devices[0], copy=False)
-            except (BufferError, ValueError, TypeError):  # not aligned, or a dtype DLPack has no code for
+            except (BufferError, ValueError, TypeError):  # not aligned, read-only, or a dtype DLPack has no code for
                 pass
         return array
 

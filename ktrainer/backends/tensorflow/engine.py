@@ -109,6 +109,17 @@ class TensorFlowEngine(Engine):
         """The first GPU's allocator peak, or the process's peak RSS."""
         return memory.peak_memory()
 
+    def host_value(self, variable: Any, array: np.ndarray, give_away: bool = False) -> Any:
+        """A value to assign to `variable` from a host array: an array given away, of the variable's dtype, as a
+        tensor that uses its memory (DLPack), which the assign then takes as the variable's buffer on a CPU;
+        otherwise the array itself, which TensorFlow copies (twice: `tf.constant` first copies a numpy array)."""
+        if not give_away or not isinstance(array, np.ndarray) or array.dtype.name != variable.dtype:
+            return array
+        try:
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        except (BufferError, TypeError, ValueError, tf.errors.InvalidArgumentError):  # read-only, or no DLPack code
+            return array
+
     def request_stop(self, step: TrainStep) -> None:
         """Set this worker's stop flag: every worker reads the sum in the next execution's all-reduce."""
         if step.stop_flag is not None:

@@ -1,5 +1,6 @@
-"""A restore on JAX on a CPU: the arrays read from a local checkpoint become the variables' memory (no copy), a user's
-own arrays never do, and training on after it neither writes into that memory nor trains off the straight run.
+"""A restore on JAX on a CPU: the arrays read from a local checkpoint and given away become the variables' memory (no
+copy), a user's own arrays never do, and training on after it neither writes into that memory nor trains off the
+straight run.
 
 Runs in the JAX session.
 """
@@ -22,11 +23,11 @@ ARGS = {"batch_size": 16, "logger": False, "enable_progress_bar": False}
 class LoadsItself(kt.callbacks.Callback):
     """Loads a state at fit start, keeps it, and records whether each model variable uses its array's memory."""
 
-    def __init__(self, state):
-        self.state, self.shared = state, None
+    def __init__(self, state, copy: bool = True):
+        self.state, self.copy, self.shared = state, copy, None
 
     def on_fit_start(self, trainer, module):
-        trainer.load_state_dict(self.state)
+        trainer.load_state_dict(self.state, copy=self.copy)
         self.shared = [np.shares_memory(np.asarray(variable.value), saved)
                        for variable, saved in zip(module.model.variables, self.state["model"].values(), strict=True)]
 
@@ -48,7 +49,7 @@ def saved_run(tmp_path):
 
 def test_a_local_restore_uses_the_read_arrays_in_place_and_training_on_leaves_them_untouched(tmp_path):
     url = saved_run(tmp_path)
-    loader = LoadsItself(find_checkpoint(url, str(tmp_path), {}).state)
+    loader = LoadsItself(find_checkpoint(url, str(tmp_path), {}).state, copy=False)
     resumed = kt.Trainer(max_steps=6, enable_checkpointing=False, callbacks=[loader], **ARGS)
     resumed.fit(Regressor(optimizer="adam"), train_data=regression_data())
     assert all(loader.shared)  # the kernel and the bias: no copy into XLA's memory
@@ -73,10 +74,12 @@ class OverwritesAfterLoading(LoadsItself):
         self.after = module.model.get_weights()
 
 
-def test_a_users_own_arrays_are_copied_so_changing_them_later_changes_no_weight(tmp_path):
+@pytest.mark.parametrize("own", [True, False], ids=["own arrays", "a restore's arrays"])
+def test_arrays_not_given_away_are_copied_so_changing_them_later_changes_no_weight(tmp_path, own):
     url = saved_run(tmp_path)
     state = find_checkpoint(url, str(tmp_path), {}).state
-    state["model"] = {key: aligned_copy(array) for key, array in state["model"].items()}  # the user's arrays
+    if own:
+        state["model"] = {key: aligned_copy(array) for key, array in state["model"].items()}
     loader = OverwritesAfterLoading(state)
     kt.Trainer(max_steps=4, enable_checkpointing=False, callbacks=[loader], **ARGS).fit(
         Regressor(optimizer="adam"), train_data=regression_data())
