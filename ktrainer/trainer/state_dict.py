@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ktrainer.checkpoint.io import CheckpointError
@@ -67,8 +68,9 @@ def load_trainer_state_dict(trainer: Trainer, module: Module, train_step: Any, s
     if trainer.is_global_zero:
         check_keys("loggers", saved["loggers"], components["loggers"])
 
+    host_value = functools.partial(trainer.engine.host_value, give_away=not copy)
     _assign_in_every_process(trainer, [(state["model"], module.model.variables),
-                                       (state["optimizer"], optimizer_variables(trainer.optimizers))], copy)
+                                       (state["optimizer"], optimizer_variables(trainer.optimizers))], host_value)
     train_step.load_state_dict(state.get("accumulation", {}))
     trainer.progress.load_state_dict(progress)
     for section, present in components.items():
@@ -80,7 +82,7 @@ def load_trainer_state_dict(trainer: Trainer, module: Module, train_step: Any, s
         saved_metric = state.get("metrics", {}).get(name)
         if saved_metric is not None and len(saved_metric) == len(metric.variables):
             for variable, value in zip(metric.variables, saved_metric, strict=True):
-                variable.assign(value)
+                variable.assign(host_value(variable, value))
     restore_random_state(state["random"])
     trainer.engine.reload()
     if state["run"]["precision"] != trainer.precision.name:
@@ -91,7 +93,8 @@ def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v if isinstance(v, bool | int | float | str | type(None)) else str(v) for k, v in values.items()}
 
 
-def _assign_in_every_process(trainer: Trainer, pairs: list[tuple[dict[str, Any], list[Any]]], copy: bool) -> None:
+def _assign_in_every_process(trainer: Trainer, pairs: list[tuple[dict[str, Any], list[Any]]],
+                             host_value: Callable[[Any, Any], Any]) -> None:
     """Assign each (saved arrays, variables) pair; every process learns whether any failed, so all raise.
 
     A sharded checkpoint's slices are read and checked while they are placed, each process its own: one
@@ -104,8 +107,7 @@ def _assign_in_every_process(trainer: Trainer, pairs: list[tuple[dict[str, Any],
     failure = ""
     try:
         for saved, variables in pairs:
-            assign_all(saved, variables, trainer.engine.place_slices,
-                       functools.partial(trainer.engine.host_value, give_away=not copy))
+            assign_all(saved, variables, trainer.engine.place_slices, host_value)
     except CheckpointError as error:
         failure = str(error)
     failures = [each for each in trainer.engine.gather_json(failure) if each]
